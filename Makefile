@@ -1,0 +1,38 @@
+# Every target sets up its own project-local environment: a fresh machine needs only python3 and make.
+SHELL := /bin/bash
+PYTHON ?= python3
+VENV := .venv
+BIN := $(VENV)/bin
+
+# Prefect and Great Expectations stay local and offline; results never persist (they would hold microdata).
+export PREFECT_HOME := $(CURDIR)/.prefect
+export PREFECT_SERVER_ANALYTICS_ENABLED := false
+export PREFECT_RESULTS_PERSIST_BY_DEFAULT := false
+export PREFECT_SERVER_EPHEMERAL_STARTUP_TIMEOUT_SECONDS := 120
+export GX_ANALYTICS_ENABLED := false
+export DO_NOT_TRACK := 1
+
+.PHONY: install demo test bench clean
+
+install: $(VENV)/.installed
+
+$(VENV)/.installed: pyproject.toml constraints.txt
+	$(PYTHON) -m venv $(VENV)
+	$(BIN)/pip install --quiet --upgrade pip
+	$(BIN)/pip install --quiet -c constraints.txt -e '.[test]'
+	touch $@
+
+## demo: anonymise the bundled sample (data/paper-synthetic) and publish it under out/
+demo: install
+	$(BIN)/kepsilon release releases/paper-synthetic.yaml
+
+## test: the whole test suite
+test: install
+	$(BIN)/pytest
+
+## bench: stage timings, written to benchmarks/results.json
+bench: install
+	$(BIN)/python -m benchmarks.run
+
+clean:
+	rm -rf out .prefect audit.db audit.db-wal audit.db-shm

@@ -1,0 +1,217 @@
+"""The release spec: one YAML file per release, validated by the model that is also the flow's parameter.
+
+Because ``ReleaseSpec`` is the parameter of the ``governed-release`` flow, the Prefect UI renders it as
+the deployment's run form, so an operator can rerun a release with a changed k or ε. It holds no seed
+and no data: Prefect stores flow parameters in its database.
+"""
+
+import hashlib
+import json
+import math
+from enum import Enum
+from pathlib import Path
+from typing import Literal
+
+import yaml
+from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
+
+from kepsilon.tasks.errors import SpecError
+
+_STRICT = ConfigDict(extra="forbid")
+
+
+class SourceFormat(str, Enum):
+    csv = "csv"
+    parquet = "parquet"
+
+
+class SourceSpec(BaseModel):
+    """Where the table of people is and how to read it."""
+
+    model_config = _STRICT
+
+    path: str = Field(description="CSV or Parquet file, relative to the spec file or absolute")
+    format: SourceFormat | None = Field(default=None, description="csv or parquet; inferred from the suffix if empty")
+    delimiter: str = Field(default=",", min_length=1, max_length=1, description="CSV field separator")
+    header: bool = Field(default=True, description="whether the CSV's first line names the columns")
+    columns: list[str] | None = Field(default=None, description="column names, for a CSV without a header")
+
+    @model_validator(mode="after")
+    def _columns_when_headerless(self):
+        if not self.header and not self.columns:
+            raise ValueError("a CSV without a header needs `columns`")
+        return self
+
+    def resolved_format(self) -> SourceFormat:
+        if self.format is not None:
+            return self.format
+        suffix = Path(self.path).suffix.lower()
+        if suffix == ".parquet":
+            return SourceFormat.parquet
+        if suffix in {".csv", ".txt", ".tsv"}:
+            return SourceFormat.csv
+        raise SpecError("source.format", f"cannot infer the format of {self.path!r}; set csv or parquet")
+
+
+class KQuasi(BaseModel):
+    """A quasi-identifier that is generalised until every group has at least k members."""
+
+    model_config = _STRICT
+
+    column: str
+    hierarchy: str | None = Field(
+        default=None, description="hierarchy CSV (leaf;level1;…;*); empty for a numeric column released as ranges"
+    )
+
+
+class EQuasi(BaseModel):
+    """A numeric quasi-identifier that is kept but perturbed with Laplace noise per equivalence class."""
+
+    model_config = _STRICT
+
+    column: str
+    lower: float | None = Field(default=None, description="public lower bound (needed for scale_basis=bounds)")
+    upper: float | None = Field(default=None, description="public upper bound (needed for scale_basis=bounds)")
+    epsilon_share: float | None = Field(
+        default=None, gt=0, description="relative share of the record's ε; equal shares if empty"
+    )
+
+    @model_validator(mode="after")
+    def _bounds_ordered(self):
+        if (self.lower is None) != (self.upper is None):
+            raise ValueError(f"ε-quasi {self.column!r}: give both lower and upper bounds, or neither")
+        if self.lower is not None:
+            if not (math.isfinite(self.lower) and math.isfinite(self.upper)):
+                raise ValueError(f"ε-quasi {self.column!r}: bounds must be finite")
+            if self.lower >= self.upper:
+                raise ValueError(f"ε-quasi {self.column!r}: lower bound must be below upper bound")
+        return self
+
+
+class Roles(BaseModel):
+    """Every column of the source gets exactly one role; a column with none is an error."""
+
+    model_config = _STRICT
+
+    explicit: list[str] = Field(default=[], description="direct identifiers, removed first")
+    k_quasi: list[KQuasi] = Field(default=[], description="generalised to k-anonymity")
+    e_quasi: list[EQuasi] = Field(default=[], description="numeric, perturbed per class")
+    sensitive: list[str] = Field(default=[], description="released as is")
+
+    def names(self) -> dict[str, list[str]]:
+        """Column names per role, in the manifest's shape."""
+        return {
+            "explicit": list(self.explicit),
+            "k_quasi": [q.column for q in self.k_quasi],
+            "e_quasi": [q.column for q in self.e_quasi],
+            "sensitive": list(self.sensitive),
+        }
+
+    @model_validator(mode="after")
+    def _one_role_per_column(self):
+        seen: dict[str, str] = {}
+        for role, columns in self.names().items():
+            for column in columns:
+                if column in seen:
+                    raise ValueError(f"column {column!r} has two roles ({seen[column]} and {role})")
+                seen[column] = role
+        if not self.k_quasi:
+            raise ValueError("at least one k_quasi column is needed")
+        return self
+
+
+class ReleaseSpec(BaseModel):
+    """Everything that defines one governed (k,ε)-anonymised release."""
+
+    model_config = _STRICT
+
+    release_id: str = Field(pattern=r"^[A-Za-z0-9][A-Za-z0-9._-]{0,127}$", description="names out/<release-id>/")
+    population_id: str = Field(min_length=1, description="the set of people whose ε budget this release spends")
+    source: SourceSpec
+    roles: Roles
+    k: int = Field(ge=2, description="minimum equivalence-class size")
+    epsilon: float = Field(gt=0, description="ε per record, split across the ε-quasis")
+    algorithm: Literal["mondrian", "ola"] = "mondrian"
+    scale_basis: Literal["diameter", "bounds"] = Field(
+        default="diameter",
+        description="noise scale from the class diameter (the paper's method) or from public bounds (ε-DP given the partition)",
+    )
+    confidence: float = Field(default=0.99, gt=0, lt=1, description="confidence c of confidence-based suppression")
+    suppression_budget: float = Field(default=0.05, ge=0, le=1, description="largest fraction of records removed")
+    output_dir: str = Field(default="out", description="published files go to <output_dir>/<release_id>/")
+    operator: str | None = Field(default=None, description="who runs the release; defaults to the OS user")
+
+    @field_validator("epsilon")
+    @classmethod
+    def _finite_epsilon(cls, value: float) -> float:
+        if not math.isfinite(value):
+            raise ValueError("ε must be finite")
+        return value
+
+    @model_validator(mode="after")
+    def _bounds_for_bounds_basis(self):
+        if self.scale_basis == "bounds":
+            missing = [q.column for q in self.roles.e_quasi if q.lower is None]
+            if missing:
+                raise ValueError(f"scale_basis=bounds needs lower/upper for ε-quasi(s) {missing}")
+        return self
+
+    def epsilon_split(self) -> dict[str, float]:
+        """ε per ε-quasi: the record's ε divided by the declared shares (equal by default)."""
+        shares = [q.epsilon_share or 1.0 for q in self.roles.e_quasi]
+        total = sum(shares)
+        return {q.column: self.epsilon * share / total for q, share in zip(self.roles.e_quasi, shares)}
+
+    def spec_hash(self) -> str:
+        """SHA-256 of the canonical JSON of the spec: identical specs hash identically."""
+        canonical = json.dumps(self.model_dump(mode="json"), sort_keys=True, separators=(",", ":"))
+        return hashlib.sha256(canonical.encode()).hexdigest()
+
+
+def load_spec(path: str | Path, **overrides) -> ReleaseSpec:
+    """Read a YAML spec; relative paths in it are resolved against the spec file's folder.
+
+    ``overrides`` (e.g. ``k=5``) replace top-level fields before validation. Validation errors are
+    re-raised as ``SpecError`` naming the offending parameter.
+    """
+    path = Path(path)
+    try:
+        raw = yaml.safe_load(path.read_text(encoding="utf-8"))
+    except OSError as exc:
+        raise SpecError("spec", f"cannot read {str(path)!r} ({exc.strerror})") from None
+    except (yaml.YAMLError, UnicodeDecodeError) as exc:
+        raise SpecError("spec", f"{str(path)!r} is not valid YAML ({type(exc).__name__})") from None
+    if not isinstance(raw, dict):
+        raise SpecError("spec", f"{str(path)!r} must hold a mapping of parameters")
+    raw.update({key: value for key, value in overrides.items() if value is not None})
+    spec = parse_spec(raw)
+    return resolve_paths(spec, path.parent)
+
+
+def parse_spec(raw: dict) -> ReleaseSpec:
+    """Validate a mapping as a ReleaseSpec, naming the first bad parameter in the error."""
+    try:
+        return ReleaseSpec.model_validate(raw)
+    except ValidationError as exc:
+        first = exc.errors()[0]
+        location = ".".join(str(part) for part in first["loc"]) or "spec"
+        message = first["msg"]
+        if first["type"] == "extra_forbidden":
+            message = "unknown field"
+        raise SpecError(location, message) from None
+
+
+def resolve_paths(spec: ReleaseSpec, base: Path) -> ReleaseSpec:
+    """A copy of the spec whose source and hierarchy paths are absolute, relative ones taken from ``base``."""
+
+    def absolute(p: str | None) -> str | None:
+        if p is None:
+            return None
+        candidate = Path(p)
+        return str(candidate if candidate.is_absolute() else (base / candidate).resolve())
+
+    data = spec.model_dump()
+    data["source"]["path"] = absolute(data["source"]["path"])
+    for quasi in data["roles"]["k_quasi"]:
+        quasi["hierarchy"] = absolute(quasi["hierarchy"])
+    return ReleaseSpec.model_validate(data)
