@@ -140,6 +140,9 @@ class ReleaseSpec(BaseModel):
     suppression_budget: float = Field(default=0.05, ge=0, le=1, description="largest fraction of records removed")
     output_dir: str = Field(default="out", description="published files go to <output_dir>/<release_id>/")
     operator: str | None = Field(default=None, description="who runs the release; defaults to the OS user")
+    approval_required: bool = Field(
+        default=False, description="two-person rule: refuse the release without an approval by someone other than the operator"
+    )
 
     @field_validator("epsilon")
     @classmethod
