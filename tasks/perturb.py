@@ -1,0 +1,272 @@
+"""Per-class Laplace perturbation of the ε-quasi columns (method.md §4 and §7).
+
+What is computed
+----------------
+For every record ``i`` in equivalence class ``ec`` and every ε-quasi column ``a`` with record budget
+share ``ε_a`` (the record's ε split across its ε-quasis, ``Σ_a ε_a = ε``: sequential composition inside
+the record, because the ε-quasis of one record are one query):
+
+- ``scale_basis="diameter"`` (the paper's method): ``b = diam_a(ec) / ε_a`` with
+  ``diam_a(ec) = max − min`` of the column over the class. A class with zero diameter gets no noise and
+  keeps its values exactly (its members are already indistinguishable on that column).
+- ``scale_basis="bounds"``: the values are first clamped to the public bounds ``[lower, upper]`` of the
+  spec and ``b = (upper − lower) / ε_a`` for every record.
+
+The noisy value is ``v + Lap(0, b)`` drawn independently per record and column, then *snapped*.
+
+Snapping (against the floating-point low-bit channel, Mironov 2012)
+--------------------------------------------------------------------
+A textbook float Laplace sample ``v + Lap(b)`` leaks ``v`` through which floats are reachable. Each
+noisy value is therefore rounded (half to even) to the grid ``Λ·ℤ`` with
+
+    Λ = 2^(ceil(log2 b) − 10),   so   b/1024 ≤ Λ < b/512,
+
+a power of two (so ``x/Λ`` and ``round(x/Λ)·Λ`` are exact in binary floating point) and three orders
+of magnitude finer than the noise, so it changes the error by a negligible amount (< Λ/2 per value).
+``ceil(log2 b)`` is taken exactly from the binary exponent of ``b`` (``np.frexp``), not from a rounded
+logarithm. The release is refused (``SpecError('epsilon')``) if for any record ``Λ`` is less than
+``2**SPACING_MARGIN_BITS`` times the float spacing (``np.spacing``) at the magnitude of its original or
+raw noisy value: then every grid cell spans at least 2^20 floats and the reachable-float pattern
+inside a cell is not visible in the output. In bounds mode the noisy value is finally clamped to the
+bounds rounded inwards to the grid, so every output lies on its grid *and* inside ``[lower, upper]``
+(clamping is post-processing). Zero-diameter classes are not snapped: they are released unchanged.
+
+This is the snapping *idea*, not Mironov's mechanism with its proof: the Laplace draw is numpy's
+(inverse-CDF on a 53-bit uniform), whose own rounding is not analysed here.
+
+Guarantee
+---------
+- ``diameter``: indistinguishability of the records *inside* each equivalence class on each ε-quasi,
+  under the paper's threat model (the adversary already knows everyone's quasi-identifiers). This is
+  **not** ε-differential privacy in the standard sense: ``b`` is computed from the private values
+  (the class diameter) and the partition itself is data-dependent.
+- ``bounds``: ε-differential privacy for the ε-quasi values **given the partition** (the partition
+  and everything else released are not covered): each record's ε-quasis are perturbed with scale
+  from public bounds, records are disjoint (parallel composition), and the ε-quasis of a record
+  compose sequentially to ``Σ_a ε_a = ε``.
+- Randomness comes from a 256-bit seed drawn with ``secrets``; the same seed re-derives the same
+  release byte for byte, so the seed is as sensitive as the data: it is never logged, put in a
+  report or a repr here.
+"""
+
+import math
+import secrets
+from dataclasses import dataclass, field
+from typing import Any, Literal, Sequence
+
+import numpy as np
+import pandas as pd
+
+from .errors import InputError, SpecError
+
+SEED_BYTES = 32
+GRID_BITS_BELOW_SCALE = 10  # Λ = 2^(ceil(log2 b) − 10)
+SPACING_MARGIN_BITS = 20  # Λ must span ≥ 2^20 floats at the value's magnitude
+SCALE_BASES = ("diameter", "bounds")
+
+
+def new_seed() -> bytes:
+    """A fresh 256-bit release seed from the operating system's CSPRNG (``secrets``)."""
+    return secrets.token_bytes(SEED_BYTES)
+
+
+def release_generators(seed: bytes) -> tuple[np.random.Generator, np.random.Generator]:
+    """The (noise, shuffle) generators of a release, derived deterministically from ``seed``.
+
+    Two independent child streams of one ``SeedSequence`` so that the noise does not depend on how
+    many draws the shuffle makes, and vice versa. Same seed ⇒ byte-identical release.
+    """
+    if not isinstance(seed, (bytes, bytearray)) or len(seed) != SEED_BYTES:
+        raise SpecError("seed", f"must be exactly {SEED_BYTES} bytes")
+    noise_seq, shuffle_seq = np.random.SeedSequence(int.from_bytes(bytes(seed), "big")).spawn(2)
+    return np.random.Generator(np.random.PCG64(noise_seq)), np.random.Generator(np.random.PCG64(shuffle_seq))
+
+
+@dataclass
+class PerturbResult:
+    """Outcome of :func:`perturb`.
+
+    ``frame``: copy of the input with the ε-quasi columns replaced by their noisy values (same index).
+    ``scales``: Laplace scale ``b`` per record, per ε-quasi column (0 where no noise was added); the
+    confidence suppression needs it. ``report``: JSON-serialisable summary, no data values.
+    """
+
+    frame: pd.DataFrame = field(repr=False)
+    scales: dict[str, np.ndarray] = field(repr=False)
+    report: dict[str, Any]
+
+
+def dense_class_ids(class_ids: np.ndarray, n_rows: int) -> tuple[np.ndarray, int]:
+    """Validate per-row class ids and renumber them densely 0..n_classes-1 (order preserved)."""
+    class_ids = np.asarray(class_ids)
+    if class_ids.ndim != 1 or len(class_ids) != n_rows:
+        raise SpecError("class_ids", f"needs one class id per row ({n_rows})")
+    if not np.issubdtype(class_ids.dtype, np.integer):
+        raise SpecError("class_ids", "must be integers")
+    if n_rows and class_ids.min() < 0:
+        raise SpecError("class_ids", "negative ids (suppressed rows) must be dropped before this step")
+    unique, dense = np.unique(class_ids, return_inverse=True)
+    return dense.astype(np.int64), len(unique)
+
+
+def numeric_column(frame: pd.DataFrame, column: str) -> np.ndarray:
+    """The column as finite float64 values; refuses a missing, non-numeric or non-finite column.
+
+    Errors name the column and count the bad values, never quote them.
+    """
+    if column not in frame.columns:
+        raise InputError(column, "ε-quasi column is missing from the data")
+    series = frame[column]
+    if pd.api.types.is_bool_dtype(series) or not pd.api.types.is_numeric_dtype(series):
+        raise InputError(column, "ε-quasi column must be numeric")
+    values = series.to_numpy(dtype=np.float64, na_value=np.nan)
+    bad = ~np.isfinite(values)
+    if bad.any():
+        raise InputError(column, f"{int(bad.sum())} value(s) are missing or infinite")
+    return values
+
+
+def _checked_epsilon(column: str, epsilon_split: dict[str, float]) -> float:
+    if column not in epsilon_split:
+        raise SpecError("epsilon", f"no share of ε for ε-quasi column {column!r}")
+    value = epsilon_split[column]
+    if isinstance(value, bool) or not isinstance(value, (int, float, np.integer, np.floating)):
+        raise SpecError("epsilon", f"ε for column {column!r} must be a number")
+    value = float(value)
+    if not (math.isfinite(value) and value > 0):
+        raise SpecError("epsilon", f"ε for column {column!r} must be positive and finite")
+    return value
+
+
+def _checked_bounds(quasi: Any) -> tuple[float, float]:
+    column = quasi.column
+    lower, upper = getattr(quasi, "lower", None), getattr(quasi, "upper", None)
+    where = f"roles.e_quasi.{column}"
+    if lower is None or upper is None:
+        raise SpecError(where, f"scale_basis=bounds needs lower and upper bounds for column {column!r}")
+    lower, upper = float(lower), float(upper)
+    if not (math.isfinite(lower) and math.isfinite(upper) and lower < upper):
+        raise SpecError(where, f"bounds of column {column!r} must be finite with lower < upper")
+    return lower, upper
+
+
+def class_diameters(values: np.ndarray, dense_ids: np.ndarray, n_classes: int) -> np.ndarray:
+    """max − min of ``values`` per class (dense ids), one entry per class."""
+    low = np.full(n_classes, np.inf)
+    high = np.full(n_classes, -np.inf)
+    np.minimum.at(low, dense_ids, values)
+    np.maximum.at(high, dense_ids, values)
+    return high - low
+
+
+def grid_exponents(scales: np.ndarray) -> np.ndarray:
+    """Exponent ``g`` of the snapping grid ``Λ = 2^g = 2^(ceil(log2 b) − 10)`` for positive scales.
+
+    Exact: ``frexp`` gives ``b = m·2^e`` with ``m ∈ [0.5, 1)``, so ``ceil(log2 b)`` is ``e − 1`` when
+    ``b`` is a power of two (``m = 0.5``) and ``e`` otherwise.
+    """
+    mantissa, exponent = np.frexp(scales)
+    ceil_log2 = exponent - (mantissa == 0.5)
+    return (ceil_log2 - GRID_BITS_BELOW_SCALE).astype(np.int64)
+
+
+def snap(raw: np.ndarray, grid: np.ndarray) -> np.ndarray:
+    """Round each value to the nearest multiple of its power-of-two grid (exact in binary floats)."""
+    return np.round(raw / grid) * grid
+
+
+def _check_grid_resolution(column: str, grid: np.ndarray, *magnitudes: np.ndarray) -> None:
+    magnitude = np.maximum.reduce([np.abs(m) for m in magnitudes])
+    too_fine = grid < np.ldexp(np.spacing(magnitude), SPACING_MARGIN_BITS)
+    if too_fine.any():
+        raise SpecError(
+            "epsilon",
+            f"column {column!r}: noise is too small for the values' float precision in "
+            f"{int(too_fine.sum())} record(s) (snapping grid under 2^{SPACING_MARGIN_BITS} float steps); "
+            "use a smaller ε or a coarser partition",
+        )
+
+
+def perturb(
+    frame: pd.DataFrame,
+    class_ids: np.ndarray,
+    e_quasis: Sequence[Any],
+    epsilon_split: dict[str, float],
+    scale_basis: Literal["diameter", "bounds"],
+    rng: np.random.Generator,
+) -> PerturbResult:
+    """Add snapped Laplace noise to every ε-quasi of every record, calibrated per equivalence class.
+
+    ``class_ids``: one non-negative integer per row (not necessarily dense); rows suppressed by the
+    anonymiser must already be dropped. ``e_quasis``: objects with ``column``, ``lower``, ``upper``
+    (the spec's ``EQuasi``). ``epsilon_split``: ε per ε-quasi column (``spec.epsilon_split()``).
+    ``rng``: the noise generator of :func:`release_generators`. See the module docstring for the
+    grid and for the guarantee of each ``scale_basis``.
+    """
+    if scale_basis not in SCALE_BASES:
+        raise SpecError("scale_basis", f"must be one of {list(SCALE_BASES)}")
+    dense_ids, n_classes = dense_class_ids(class_ids, len(frame))
+    out = frame.copy()
+    scales: dict[str, np.ndarray] = {}
+    columns_report: dict[str, dict] = {}
+    # Validate every column before drawing any noise, so a bad input costs no randomness.
+    prepared = []
+    for quasi in e_quasis:
+        column = quasi.column
+        epsilon = _checked_epsilon(column, epsilon_split)
+        values = numeric_column(frame, column)
+        bounds = _checked_bounds(quasi) if scale_basis == "bounds" else None
+        prepared.append((column, epsilon, values, bounds))
+
+    for column, epsilon, values, bounds in prepared:
+        n_clamped_inputs = 0
+        zero_diameter_classes = 0
+        if bounds is None:
+            diameters = class_diameters(values, dense_ids, n_classes)
+            zero_diameter_classes = int((diameters == 0).sum())
+            scale = diameters[dense_ids] / epsilon
+        else:
+            lower, upper = bounds
+            clamped = np.clip(values, lower, upper)
+            n_clamped_inputs = int((clamped != values).sum())
+            values = clamped
+            scale = np.full(len(values), (upper - lower) / epsilon)
+
+        # One draw per row whatever the scale, so the stream does not depend on the data.
+        raw = values + rng.laplace(0.0, 1.0, size=len(values)) * scale
+        noisy = values.copy()
+        noised = scale > 0
+        exponents = grid_exponents(scale[noised])
+        grid = np.ldexp(1.0, exponents)
+        _check_grid_resolution(column, grid, values[noised], raw[noised])
+        snapped = snap(raw[noised], grid)
+        if bounds is not None:
+            inner_low = np.ceil(lower / grid) * grid
+            inner_high = np.floor(upper / grid) * grid
+            if (inner_low > inner_high).any():
+                raise SpecError("epsilon", f"column {column!r}: ε is so small that the noise grid is wider than the bounds")
+            snapped = np.clip(snapped, inner_low, inner_high)
+        noisy[noised] = snapped
+        out[column] = pd.Series(noisy, index=frame.index, name=column)
+        scales[column] = scale
+        columns_report[column] = {
+            "epsilon": epsilon,
+            "scale_basis": scale_basis,
+            "zero_diameter_classes": zero_diameter_classes,
+            "noised_records": int(noised.sum()),
+            "clamped_inputs": n_clamped_inputs,
+            "grid_exponent_min": int(exponents.min()) if len(exponents) else None,
+            "grid_exponent_max": int(exponents.max()) if len(exponents) else None,
+            "mean_scale": float(scale.mean()) if len(scale) else 0.0,
+        }
+
+    report = {
+        "scale_basis": scale_basis,
+        "epsilon_split": {column: epsilon for column, epsilon, _, _ in prepared},
+        "epsilon_total": float(sum(epsilon for _, epsilon, _, _ in prepared)),
+        "records": int(len(frame)),
+        "classes": int(n_classes),
+        "grid": f"2^(ceil(log2 b) - {GRID_BITS_BELOW_SCALE}), ≥ 2^{SPACING_MARGIN_BITS} float spacings",
+        "columns": columns_report,
+    }
+    return PerturbResult(frame=out, scales=scales, report=report)

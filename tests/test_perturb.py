@@ -1,0 +1,230 @@
+"""Per-class Laplace perturbation: error formula, noise distribution, grid, bounds, seeds, bad input."""
+
+import math
+from pathlib import Path
+from types import SimpleNamespace
+
+import numpy as np
+import pandas as pd
+import pytest
+from scipy import stats
+
+from kepsilon.tasks.errors import InputError, SpecError
+from kepsilon.tasks.metrics import measured_relative_error, predicted_relative_error
+from kepsilon.tasks.perturb import (
+    SEED_BYTES,
+    grid_exponents,
+    new_seed,
+    perturb,
+    release_generators,
+)
+
+PEOPLE = Path(__file__).resolve().parents[1] / "data" / "paper-synthetic" / "people.csv"
+
+
+def quasi(column, lower=None, upper=None):
+    return SimpleNamespace(column=column, lower=lower, upper=upper)
+
+
+def noise_rng(byte: int = 7) -> np.random.Generator:
+    return release_generators(bytes([byte]) * SEED_BYTES)[0]
+
+
+@pytest.fixture(scope="module")
+def people():
+    frame = pd.read_csv(PEOPLE, sep=";", usecols=["YOB", "GENDER", "RACE", "MARITAL_STATUS", "HEIGHT"])
+    class_ids = frame.groupby(["YOB", "GENDER", "RACE", "MARITAL_STATUS"]).ngroup().to_numpy()
+    return frame, class_ids
+
+
+def one_class(n: int, low: float, diameter: float) -> pd.DataFrame:
+    """n values spread over [low, low+diameter], both ends present, so diam = diameter exactly."""
+    values = low + np.linspace(0.0, 1.0, n) * diameter
+    values[-1] = low + diameter
+    return pd.DataFrame({"X": values, "label": np.arange(n)})
+
+
+@pytest.mark.parametrize("epsilon", [1.0, 4.0])
+def test_measured_error_converges_to_predicted_over_30_seeds(people, epsilon):
+    frame, class_ids = people
+    predicted = predicted_relative_error(frame["HEIGHT"], class_ids, epsilon)
+    measured = []
+    for seed in range(30):
+        rng = noise_rng(seed)
+        noisy = perturb(frame, class_ids, [quasi("HEIGHT")], {"HEIGHT": epsilon}, "diameter", rng).frame
+        measured.append(measured_relative_error(frame["HEIGHT"], noisy["HEIGHT"]))
+    # Grid rounding moves each value by < b/512, far below this tolerance.
+    assert np.mean(measured) == pytest.approx(predicted, rel=0.02)
+    assert predicted > 0
+
+
+@pytest.mark.parametrize("diameter", [0.05, 3.0, 250.0])
+def test_noise_is_laplace_with_scale_diameter_over_epsilon(diameter):
+    frame = one_class(6000, 100.0, diameter)
+    epsilon = 0.5
+    result = perturb(frame, np.zeros(len(frame), dtype=np.int64), [quasi("X")], {"X": epsilon}, "diameter", noise_rng(1))
+    b = diameter / epsilon
+    assert np.allclose(result.scales["X"], b)
+    noise = result.frame["X"].to_numpy() - frame["X"].to_numpy()
+    assert stats.kstest(noise, stats.laplace(scale=b).cdf).pvalue > 0.01
+
+
+def test_ks_rejects_a_wrong_scale():
+    frame = one_class(20000, 10.0, 2.0)
+    result = perturb(frame, np.zeros(len(frame), dtype=np.int64), [quasi("X")], {"X": 1.0}, "diameter", noise_rng(2))
+    noise = result.frame["X"].to_numpy() - frame["X"].to_numpy()
+    assert stats.kstest(noise, stats.laplace(scale=2.0).cdf).pvalue > 0.01
+    assert stats.kstest(noise, stats.laplace(scale=2.5).cdf).pvalue < 1e-6
+
+
+def test_every_noisy_value_lies_on_its_power_of_two_grid(people):
+    frame, class_ids = people
+    result = perturb(frame, class_ids, [quasi("HEIGHT")], {"HEIGHT": 2.0}, "diameter", noise_rng(3))
+    b = result.scales["HEIGHT"]
+    noised = b > 0
+    grid = 2.0 ** (np.ceil(np.log2(b[noised])) - 10)
+    assert ((grid >= b[noised] / 1024) & (grid < b[noised] / 512)).all()
+    steps = result.frame["HEIGHT"].to_numpy()[noised] / grid
+    assert np.array_equal(steps, np.round(steps))
+
+
+def test_grid_exponent_is_exact_at_powers_of_two():
+    scales = np.array([1.0, np.nextafter(1.0, 2.0), 0.75, 0.5, 3.0, 1024.0])
+    assert grid_exponents(scales).tolist() == [-10, -9, -10, -11, -8, 0]
+
+
+def test_bounds_mode_clamps_inputs_and_outputs_and_uses_public_scale():
+    values = np.array([120.0, 150.0, 180.0, 250.0, 90.0] * 400)
+    frame = pd.DataFrame({"X": values})
+    class_ids = np.repeat(np.arange(400), 5)
+    result = perturb(frame, class_ids, [quasi("X", 100.0, 200.0)], {"X": 0.5}, "bounds", noise_rng(4))
+    noisy = result.frame["X"].to_numpy()
+    assert np.all(result.scales["X"] == 200.0)
+    assert noisy.min() >= 100.0 and noisy.max() <= 200.0
+    # With b = 200 over a width of 100 most draws land outside and are clamped to the bounds.
+    assert (noisy == 100.0).sum() > 400 and (noisy == 200.0).sum() > 400
+    assert result.report["columns"]["X"]["clamped_inputs"] == 800
+    grid = 2.0 ** (math.ceil(math.log2(200.0)) - 10)
+    assert np.array_equal(noisy / grid, np.round(noisy / grid))
+
+
+def test_bounds_mode_refuses_missing_or_inverted_bounds():
+    frame = pd.DataFrame({"X": [1.0, 2.0, 3.0]})
+    ids = np.zeros(3, dtype=np.int64)
+    for bad in (quasi("X"), quasi("X", 5.0, 1.0), quasi("X", 0.0, math.inf)):
+        with pytest.raises(SpecError, match="'X'") as caught:
+            perturb(frame, ids, [bad], {"X": 1.0}, "bounds", noise_rng())
+        assert "X" in caught.value.parameter
+
+
+def test_zero_diameter_classes_are_released_unchanged():
+    values = np.array([170.25, 170.25, 170.25, 160.0, 180.0, 181.0, 155.5, 155.5])
+    frame = pd.DataFrame({"X": values})
+    class_ids = np.array([3, 3, 3, 8, 8, 8, 11, 11])
+    result = perturb(frame, class_ids, [quasi("X")], {"X": 1.0}, "diameter", noise_rng(5))
+    noisy = result.frame["X"].to_numpy()
+    assert np.array_equal(noisy[[0, 1, 2, 6, 7]], values[[0, 1, 2, 6, 7]])
+    assert np.all(result.scales["X"][[0, 1, 2, 6, 7]] == 0)
+    assert np.all(result.scales["X"][3:6] == 21.0)
+    assert not np.array_equal(noisy[3:6], values[3:6])
+    assert result.report["columns"]["X"]["zero_diameter_classes"] == 2
+    assert result.report["columns"]["X"]["noised_records"] == 3
+
+
+def test_same_seed_same_release_different_seed_different(people):
+    frame, class_ids = people
+    seed = new_seed()
+
+    def release(seed_bytes):
+        rng = release_generators(seed_bytes)[0]
+        return perturb(frame, class_ids, [quasi("HEIGHT")], {"HEIGHT": 1.0}, "diameter", rng).frame
+
+    first, again = release(seed), release(seed)
+    assert first["HEIGHT"].to_numpy().tobytes() == again["HEIGHT"].to_numpy().tobytes()
+    other = release(new_seed())
+    assert not np.array_equal(first["HEIGHT"].to_numpy(), other["HEIGHT"].to_numpy())
+
+
+def test_seed_generators_are_deterministic_and_independent():
+    seed = new_seed()
+    assert len(seed) == SEED_BYTES and seed != new_seed()
+    noise_a, shuffle_a = release_generators(seed)
+    noise_b, shuffle_b = release_generators(seed)
+    assert np.array_equal(noise_a.random(5), noise_b.random(5))
+    assert np.array_equal(shuffle_a.permutation(50), shuffle_b.permutation(50))
+    noise_c, shuffle_c = release_generators(seed)
+    assert not np.array_equal(noise_c.random(5), shuffle_c.random(5))
+    for bad in (b"short", seed + b"x", "a" * SEED_BYTES):
+        with pytest.raises(SpecError) as caught:
+            release_generators(bad)
+        assert caught.value.parameter == "seed"
+
+
+def test_epsilon_is_split_across_the_record_quasis():
+    frame = pd.DataFrame({"H": [150.0, 190.0, 170.0, 160.0], "W": [50.0, 90.0, 70.0, 60.0], "other": list("abcd")})
+    class_ids = np.array([1, 1, 2, 2])
+    split = {"H": 0.25, "W": 0.75}
+    result = perturb(frame, class_ids, [quasi("H"), quasi("W")], split, "diameter", noise_rng(6))
+    assert result.scales["H"].tolist() == [160.0, 160.0, 40.0, 40.0]
+    assert result.scales["W"].tolist() == pytest.approx([40 / 0.75, 40 / 0.75, 10 / 0.75, 10 / 0.75])
+    assert result.report["epsilon_split"] == split
+    assert result.report["epsilon_total"] == 1.0
+    assert result.frame["other"].tolist() == list("abcd")
+    assert list(result.frame.index) == list(frame.index)
+    # The input is not modified in place.
+    assert frame["H"].tolist() == [150.0, 190.0, 170.0, 160.0]
+
+
+def test_report_is_json_and_repr_holds_no_data():
+    import json
+
+    frame = pd.DataFrame({"X": [171.123456, 199.654321]})
+    result = perturb(frame, np.array([0, 0]), [quasi("X")], {"X": 1.0}, "diameter", noise_rng())
+    text = json.dumps(result.report) + repr(result)
+    assert "171.12" not in text and "199.65" not in text
+
+
+@pytest.mark.parametrize(
+    "bad_value, dtype",
+    [(np.nan, float), (np.inf, float), (-np.inf, float), ("tall-171.5", object)],
+)
+def test_bad_values_in_an_epsilon_quasi_name_the_column_not_the_value(bad_value, dtype):
+    frame = pd.DataFrame({"HEIGHT": pd.Series([171.5, 180.25, bad_value], dtype=dtype)})
+    with pytest.raises(InputError) as caught:
+        perturb(frame, np.array([0, 0, 0]), [quasi("HEIGHT")], {"HEIGHT": 1.0}, "diameter", noise_rng())
+    assert caught.value.column == "HEIGHT"
+    assert "171.5" not in str(caught.value) and "180.25" not in str(caught.value)
+
+
+def test_missing_epsilon_quasi_column_is_named():
+    frame = pd.DataFrame({"HEIGHT": [1.0, 2.0]})
+    with pytest.raises(InputError, match="'WEIGHT'") as caught:
+        perturb(frame, np.array([0, 0]), [quasi("WEIGHT")], {"WEIGHT": 1.0}, "diameter", noise_rng())
+    assert caught.value.column == "WEIGHT"
+
+
+@pytest.mark.parametrize("epsilon", [0.0, -1.0, math.inf, math.nan, "1"])
+def test_bad_epsilon_is_refused(epsilon):
+    frame = pd.DataFrame({"HEIGHT": [1.0, 2.0]})
+    with pytest.raises(SpecError, match="'HEIGHT'") as caught:
+        perturb(frame, np.array([0, 0]), [quasi("HEIGHT")], {"HEIGHT": epsilon}, "diameter", noise_rng())
+    assert caught.value.parameter == "epsilon"
+
+
+def test_bad_scale_basis_and_class_ids_are_refused():
+    frame = pd.DataFrame({"X": [1.0, 2.0]})
+    with pytest.raises(SpecError) as caught:
+        perturb(frame, np.array([0, 0]), [quasi("X")], {"X": 1.0}, "public", noise_rng())
+    assert caught.value.parameter == "scale_basis"
+    for ids in (np.array([0, -1]), np.array([0]), np.array([0.0, 1.0])):
+        with pytest.raises(SpecError) as caught:
+            perturb(frame, ids, [quasi("X")], {"X": 1.0}, "diameter", noise_rng())
+        assert caught.value.parameter == "class_ids"
+
+
+def test_noise_finer_than_float_precision_is_refused():
+    # Values near 1e12 have a float spacing of 2^-13; a diameter of 1e-3 gives a grid of ~2^-20.
+    frame = pd.DataFrame({"X": [1e12, 1e12 + 0.001]})
+    with pytest.raises(SpecError, match="'X'") as caught:
+        perturb(frame, np.array([0, 0]), [quasi("X")], {"X": 1.0}, "diameter", noise_rng())
+    assert caught.value.parameter == "epsilon"
