@@ -125,13 +125,19 @@ class ReleaseSpec(BaseModel):
 
     model_config = _STRICT
 
-    release_id: str = Field(pattern=r"^[A-Za-z0-9][A-Za-z0-9._-]{0,127}$", description="names out/<release-id>/")
+    release_id: str = Field(
+        pattern=r"^[A-Za-z0-9]([A-Za-z0-9._-]|\{date\}){0,127}$",
+        description="names out/<release-id>/; `{date}` becomes the run's scheduled date (YYYY-MM-DD) for nightly releases",
+    )
     population_id: str = Field(min_length=1, description="the set of people whose ε budget this release spends")
     source: SourceSpec
     roles: Roles
     k: int = Field(ge=2, description="minimum equivalence-class size")
     epsilon: float = Field(gt=0, description="ε per record, split across the ε-quasis")
     algorithm: Literal["mondrian", "ola"] = "mondrian"
+    ola_metric: Literal["precision", "loss", "discernibility"] = Field(
+        default="precision", description="information-loss metric OLA minimises"
+    )
     scale_basis: Literal["diameter", "bounds"] = Field(
         default="diameter",
         description="noise scale from the class diameter (the paper's method) or from public bounds (ε-DP given the partition)",
@@ -166,9 +172,17 @@ class ReleaseSpec(BaseModel):
         return {q.column: self.epsilon * share / total for q, share in zip(self.roles.e_quasi, shares)}
 
     def spec_hash(self) -> str:
-        """SHA-256 of the canonical JSON of the spec: identical specs hash identically."""
-        canonical = json.dumps(self.model_dump(mode="json"), sort_keys=True, separators=(",", ":"))
+        """SHA-256 of the canonical JSON of what defines the release's content.
+
+        The operator is left out: a rerun by another operator is the same logical release.
+        """
+        content = self.model_dump(mode="json", exclude={"operator"})
+        canonical = json.dumps(content, sort_keys=True, separators=(",", ":"))
         return hashlib.sha256(canonical.encode()).hexdigest()
+
+    def for_date(self, day: str) -> "ReleaseSpec":
+        """A copy whose release id has ``{date}`` replaced by ``day`` (YYYY-MM-DD)."""
+        return self.model_copy(update={"release_id": self.release_id.replace("{date}", day)})
 
 
 def load_spec(path: str | Path, **overrides) -> ReleaseSpec:

@@ -1,0 +1,177 @@
+"""Publish: shuffle the released records and write them atomically with their manifest (method.md §2, steps 6–7).
+
+Layout: ``<output_dir>/<release_id>/data.csv``, ``data.parquet`` and ``manifest.json``. Each file is
+written under a temporary name in the same folder, flushed to disk and renamed over its final name,
+so a reader never sees a half-written file. The manifest goes last: its presence means the release is
+complete, and it carries the SHA-256 of both data files.
+
+A published release is immutable: publishing another logical release (another idempotency key) under
+a release id that already has a manifest is refused. Re-publishing the same logical release (a rerun
+after a crash) rewrites byte-identical files.
+"""
+
+import hashlib
+import io
+import json
+import os
+import tempfile
+from dataclasses import dataclass
+from pathlib import Path
+
+import numpy as np
+import pandas as pd
+from prefect import task
+from prefect.cache_policies import NO_CACHE
+
+from .errors import KepsilonError
+
+DATA_CSV = "data.csv"
+DATA_PARQUET = "data.parquet"
+MANIFEST = "manifest.json"
+
+
+class AlreadyPublished(KepsilonError):
+    """The release id was already published by another logical release."""
+
+
+@dataclass(frozen=True)
+class Publication:
+    """Where a release was published and the fingerprints of its files."""
+
+    directory: Path
+    outputs: dict[str, str]  # file name -> SHA-256
+
+    def report(self) -> dict:
+        return {"directory": str(self.directory), "outputs": dict(self.outputs)}
+
+
+def shuffle_records(frame: pd.DataFrame, order: np.ndarray) -> pd.DataFrame:
+    """The records in the order given by ``order`` (a permutation), with a fresh 0..n-1 index.
+
+    Mondrian and sorting leave records grouped by class and by value; publishing them in that order
+    would let an attacker match rows by position, so release order comes from the release's random
+    source (which keeps a rerun from the escrowed seed byte-identical).
+    """
+    if len(order) != len(frame) or not np.array_equal(np.sort(order), np.arange(len(frame))):
+        raise ValueError("order must be a permutation of the frame's rows")
+    return frame.iloc[order].reset_index(drop=True)
+
+
+def release_directory(output_dir: str | Path, release_id: str) -> Path:
+    return Path(output_dir) / release_id
+
+
+def check_publishable(directory: Path, idempotency_key: str) -> None:
+    """Refuse to overwrite a release published under the same id by another logical release."""
+    manifest_path = directory / MANIFEST
+    if not manifest_path.exists():
+        return
+    try:
+        published_key = json.loads(manifest_path.read_text(encoding="utf-8")).get("idempotency_key")
+    except (OSError, ValueError):
+        published_key = None
+    if published_key != idempotency_key:
+        raise AlreadyPublished(
+            f"release {directory.name!r} is already published with other parameters or data; "
+            "published releases are immutable, so give this one a new release_id"
+        )
+
+
+def csv_bytes(frame: pd.DataFrame) -> bytes:
+    """The CSV form of the release: comma-separated, header, floats at full precision (grid values are exact)."""
+    return frame.to_csv(index=False, lineterminator="\n").encode("utf-8")
+
+
+def parquet_bytes(frame: pd.DataFrame) -> bytes:
+    buffer = io.BytesIO()
+    frame.to_parquet(buffer, index=False, engine="pyarrow")
+    return buffer.getvalue()
+
+
+def write_atomically(path: Path, content: bytes) -> str:
+    """Write ``content`` to ``path`` via a temporary file and a rename; return its SHA-256."""
+    path.parent.mkdir(parents=True, exist_ok=True)
+    descriptor, temporary = tempfile.mkstemp(prefix=f".{path.name}.", suffix=".tmp", dir=path.parent)
+    try:
+        with os.fdopen(descriptor, "wb") as handle:
+            handle.write(content)
+            handle.flush()
+            os.fsync(handle.fileno())
+        os.replace(temporary, path)
+    except BaseException:
+        Path(temporary).unlink(missing_ok=True)
+        raise
+    _fsync_directory(path.parent)
+    return hashlib.sha256(content).hexdigest()
+
+
+def _fsync_directory(directory: Path) -> None:
+    descriptor = os.open(directory, os.O_RDONLY)
+    try:
+        os.fsync(descriptor)
+    finally:
+        os.close(descriptor)
+
+
+def publish(frame: pd.DataFrame, manifest: dict, output_dir: str | Path) -> Publication:
+    """Write data.csv, data.parquet, then manifest.json (with the data files' SHA-256), each atomically."""
+    directory = release_directory(output_dir, manifest["release_id"])
+    check_publishable(directory, manifest["idempotency_key"])
+    outputs = {
+        DATA_CSV: write_atomically(directory / DATA_CSV, csv_bytes(frame)),
+        DATA_PARQUET: write_atomically(directory / DATA_PARQUET, parquet_bytes(frame)),
+    }
+    complete = {**manifest, "outputs": outputs, "output_dir": str(directory)}
+    write_atomically(directory / MANIFEST, manifest_bytes(complete))
+    return Publication(directory=directory, outputs=outputs)
+
+
+def manifest_bytes(manifest: dict) -> bytes:
+    return (json.dumps(manifest, indent=2, sort_keys=True, default=_jsonable) + "\n").encode("utf-8")
+
+
+def _jsonable(value):
+    if isinstance(value, np.generic):
+        return value.item()
+    if isinstance(value, Path):
+        return str(value)
+    raise TypeError(f"not JSON-serialisable: {type(value).__name__}")
+
+
+@task(name="publish", cache_policy=NO_CACHE, persist_result=False)
+def publish_release(frame: pd.DataFrame, manifest: dict, output_dir: str) -> Publication:
+    """Prefect task: atomically publish the release files and manifest."""
+    return publish(frame, manifest, output_dir)
+
+
+def assemble_release(
+    released_quasis: pd.DataFrame,
+    kept: pd.DataFrame,
+    noisy: pd.DataFrame,
+    removed: np.ndarray,
+    order: np.ndarray,
+    roles: dict[str, list[str]],
+) -> pd.DataFrame:
+    """Merge the classes into the table to publish: generalised k-quasis, noisy ε-quasis, sensitive
+    attributes as they are, in the source's column order, without the suppressed records, shuffled.
+
+    All inputs are aligned row by row with ``kept`` (the records the anonymiser kept).
+    """
+    columns = [c for c in kept.columns if c not in set(roles["explicit"])]
+    merged = pd.DataFrame(index=kept.index)
+    for column in columns:
+        if column in roles["k_quasi"]:
+            merged[column] = released_quasis[column].to_numpy()
+        elif column in roles["e_quasi"]:
+            merged[column] = noisy[column].to_numpy()
+        else:
+            merged[column] = kept[column].to_numpy()
+    shuffled = shuffle_records(merged, order)
+    return shuffled[~removed[order]].reset_index(drop=True)
+
+
+@task(name="merge-and-shuffle", cache_policy=NO_CACHE, persist_result=False)
+def merge_and_shuffle(partition, kept: pd.DataFrame, perturbation, suppression, roles: dict) -> pd.DataFrame:
+    """Prefect task: the release table, shuffled, without suppressed records."""
+    released_quasis = partition.released[partition.kept]
+    return assemble_release(released_quasis, kept, perturbation.frame, suppression.removed, perturbation.order, roles)

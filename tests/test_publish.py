@@ -1,0 +1,68 @@
+"""Publication: atomic files, manifest last with the data files' hashes, immutability, shuffling."""
+
+import hashlib
+import json
+
+import numpy as np
+import pandas as pd
+import pytest
+
+from kepsilon.tasks.publish import AlreadyPublished, assemble_release, publish, shuffle_records
+
+
+def frame():
+    return pd.DataFrame({"YOB": ["[1960-1969]"] * 4, "HEIGHT": [170.5, 180.25, 160.0, 175.0], "ICD": list("abcd")})
+
+
+def test_publishes_three_files_with_matching_hashes(tmp_path):
+    publication = publish(frame(), {"release_id": "r1", "idempotency_key": "key"}, tmp_path)
+    directory = tmp_path / "r1"
+    assert sorted(p.name for p in directory.iterdir()) == ["data.csv", "data.parquet", "manifest.json"]
+    manifest = json.loads((directory / "manifest.json").read_text())
+    for name in ["data.csv", "data.parquet"]:
+        digest = hashlib.sha256((directory / name).read_bytes()).hexdigest()
+        assert manifest["outputs"][name] == digest == publication.outputs[name]
+    assert pd.read_csv(directory / "data.csv").equals(frame())
+    assert pd.read_parquet(directory / "data.parquet").equals(frame())
+
+
+def test_another_logical_release_cannot_overwrite(tmp_path):
+    publish(frame(), {"release_id": "r1", "idempotency_key": "key"}, tmp_path)
+    before = (tmp_path / "r1" / "data.csv").read_bytes()
+    with pytest.raises(AlreadyPublished, match="r1"):
+        publish(frame().head(2), {"release_id": "r1", "idempotency_key": "other"}, tmp_path)
+    assert (tmp_path / "r1" / "data.csv").read_bytes() == before
+    publish(frame(), {"release_id": "r1", "idempotency_key": "key"}, tmp_path)  # a rerun is allowed
+
+
+def test_a_failed_write_leaves_no_file(tmp_path, monkeypatch):
+    import kepsilon.tasks.publish as module
+
+    def explode(*args, **kwargs):
+        raise OSError("disk full")
+
+    monkeypatch.setattr(module.os, "replace", explode)
+    with pytest.raises(OSError):
+        publish(frame(), {"release_id": "r2", "idempotency_key": "k"}, tmp_path)
+    assert list((tmp_path / "r2").iterdir()) == []
+
+
+def test_shuffle_is_a_permutation_and_refuses_others():
+    order = np.random.default_rng(1).permutation(4)
+    shuffled = shuffle_records(frame(), order)
+    assert sorted(shuffled["ICD"]) == list("abcd") and shuffled["ICD"].tolist() == list(np.array(list("abcd"))[order])
+    with pytest.raises(ValueError):
+        shuffle_records(frame(), np.array([0, 0, 1, 2]))
+
+
+def test_assemble_drops_removed_and_identifiers():
+    kept = frame().assign(NAME=list("wxyz"), YOB=[1961, 1965, 1969, 1962])
+    released = pd.DataFrame({"YOB": ["[1961-1969]"] * 4}, index=kept.index)
+    noisy = kept.assign(HEIGHT=kept["HEIGHT"] + 1)
+    removed = np.array([False, True, False, False])
+    roles = {"explicit": ["NAME"], "k_quasi": ["YOB"], "e_quasi": ["HEIGHT"], "sensitive": ["ICD"]}
+    out = assemble_release(released, kept, noisy, removed, np.array([3, 2, 1, 0]), roles)
+    assert list(out.columns) == ["YOB", "HEIGHT", "ICD"]
+    assert out["ICD"].tolist() == ["d", "c", "a"]
+    assert out["HEIGHT"].tolist() == [176.0, 161.0, 171.5]
+    assert set(out["YOB"]) == {"[1961-1969]"}

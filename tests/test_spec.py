@@ -1,0 +1,92 @@
+"""The release spec: validation errors name the parameter; YAML paths resolve against the spec file."""
+
+from pathlib import Path
+
+import pytest
+import yaml
+
+from kepsilon.flows.spec import load_spec, parse_spec
+from kepsilon.tasks.errors import SpecError
+
+from .conftest import ROOT
+
+
+def test_shipped_specs_load_and_point_at_bundled_data():
+    for name in ["paper-synthetic", "adult"]:
+        spec = load_spec(ROOT / "releases" / f"{name}.yaml")
+        assert Path(spec.source.path).is_relative_to((ROOT / "data").resolve())
+        assert Path(spec.source.path).is_file()
+        for quasi in spec.roles.k_quasi:
+            assert Path(quasi.hierarchy).is_file()
+
+
+@pytest.mark.parametrize(
+    "change, parameter",
+    [
+        ({"k": 1}, "k"),
+        ({"epsilon": 0}, "epsilon"),
+        ({"epsilon": -1}, "epsilon"),
+        ({"epsilon": float("inf")}, "epsilon"),
+        ({"confidence": 1.0}, "confidence"),
+        ({"suppression_budget": 1.5}, "suppression_budget"),
+        ({"algorithm": "datafly"}, "algorithm"),
+        ({"surprise": 1}, "surprise"),
+        ({"release_id": "../escape"}, "release_id"),
+    ],
+)
+def test_bad_parameters_are_named(synthetic_spec_dict, change, parameter):
+    with pytest.raises(SpecError) as raised:
+        parse_spec({**synthetic_spec_dict, **change})
+    assert raised.value.parameter == parameter
+
+
+def test_a_column_with_two_roles_is_refused(synthetic_spec_dict):
+    synthetic_spec_dict["roles"]["sensitive"].append("HEIGHT")
+    with pytest.raises(SpecError, match="HEIGHT"):
+        parse_spec(synthetic_spec_dict)
+
+
+def test_bounds_must_be_ordered(synthetic_spec_dict):
+    synthetic_spec_dict["roles"]["e_quasi"] = [{"column": "HEIGHT", "lower": 210, "upper": 130}]
+    with pytest.raises(SpecError, match="HEIGHT.*lower bound must be below"):
+        parse_spec(synthetic_spec_dict)
+
+
+def test_bounds_basis_needs_bounds(synthetic_spec_dict):
+    synthetic_spec_dict["roles"]["e_quasi"] = [{"column": "HEIGHT"}]
+    synthetic_spec_dict["scale_basis"] = "bounds"
+    with pytest.raises(SpecError, match="HEIGHT"):
+        parse_spec(synthetic_spec_dict)
+
+
+def test_epsilon_split_follows_shares(synthetic_spec_dict):
+    synthetic_spec_dict["roles"]["explicit"].remove("WEIGHT")
+    synthetic_spec_dict["roles"]["e_quasi"].append({"column": "WEIGHT", "epsilon_share": 3})
+    spec = parse_spec(synthetic_spec_dict)
+    assert spec.epsilon_split() == pytest.approx({"HEIGHT": 0.25, "WEIGHT": 0.75})
+
+
+def test_spec_hash_ignores_operator_but_not_k(synthetic_spec_dict):
+    base = parse_spec(synthetic_spec_dict)
+    assert parse_spec({**synthetic_spec_dict, "operator": "someone"}).spec_hash() == base.spec_hash()
+    assert parse_spec({**synthetic_spec_dict, "k": 11}).spec_hash() != base.spec_hash()
+
+
+def test_date_placeholder(synthetic_spec_dict):
+    spec = parse_spec({**synthetic_spec_dict, "release_id": "nightly-{date}"})
+    assert spec.for_date("2026-11-21").release_id == "nightly-2026-11-21"
+
+
+def test_yaml_overrides_and_relative_paths(tmp_path, synthetic_spec_dict):
+    (tmp_path / "data.csv").write_text("a;b\n1;2\n")
+    synthetic_spec_dict["source"]["path"] = "data.csv"
+    (tmp_path / "spec.yaml").write_text(yaml.safe_dump(synthetic_spec_dict))
+    spec = load_spec(tmp_path / "spec.yaml", k=5, epsilon=None)
+    assert spec.k == 5 and spec.epsilon == 1.0
+    assert spec.source.path == str((tmp_path / "data.csv").resolve())
+
+
+def test_not_yaml_is_refused(tmp_path):
+    (tmp_path / "spec.yaml").write_text("k: [unclosed")
+    with pytest.raises(SpecError, match="not valid YAML"):
+        load_spec(tmp_path / "spec.yaml")
