@@ -1,0 +1,157 @@
+"""Scripted check: a deployment run with changed parameters completes on a local Prefect server.
+
+What an operator does from the UI's "Custom run" form, done through the same API: start a real Prefect
+server, deploy ``deployments/prefect.yaml`` to a process work pool, start a worker, run the nightly
+deployment with k and ε changed, and check that the run completes and that its published file is
+k-anonymous (an independent group count) with the changed parameters. Everything lives in a temporary
+folder (Prefect home, audit store, output), so it can run anywhere, including CI.
+
+    .venv/bin/python deployments/check_deployment.py [--k 5] [--epsilon 0.5]
+
+Exit status 0 when every check holds; prints one line per check.
+"""
+
+import argparse
+import asyncio
+import json
+import os
+import signal
+import socket
+import subprocess
+import sys
+import tempfile
+import time
+import urllib.request
+from pathlib import Path
+
+import yaml
+
+ROOT = Path(__file__).resolve().parent.parent
+BIN = Path(sys.executable).parent
+DEPLOYMENT = "governed-release/paper-synthetic-nightly"
+
+
+def free_port() -> int:
+    with socket.socket() as probe:
+        probe.bind(("127.0.0.1", 0))
+        return probe.getsockname()[1]
+
+
+def wait_healthy(api_url: str, seconds: float = 120) -> None:
+    deadline = time.monotonic() + seconds
+    while time.monotonic() < deadline:
+        try:
+            with urllib.request.urlopen(f"{api_url}/health", timeout=2) as response:
+                if response.status == 200:
+                    return
+        except OSError:
+            time.sleep(0.5)
+    raise SystemExit(f"Prefect server at {api_url} did not become healthy in {seconds:.0f} s")
+
+
+def prefect(*args: str, env: dict) -> str:
+    result = subprocess.run([str(BIN / "prefect"), *args], cwd=ROOT, env=env, capture_output=True, text=True)
+    if result.returncode != 0:
+        raise SystemExit(f"prefect {' '.join(args)} failed:\n{result.stdout}\n{result.stderr}")
+    return result.stdout
+
+
+def changed_parameters(k: int, epsilon: float, output_dir: Path) -> dict:
+    """The deployment's own spec parameter with k, ε, the release id and the output folder changed."""
+    deployments = yaml.safe_load((ROOT / "deployments" / "prefect.yaml").read_text())["deployments"]
+    spec = dict(deployments[0]["parameters"]["spec"])
+    spec.update(k=k, epsilon=epsilon, release_id=f"deployment-check-k{k}", output_dir=str(output_dir))
+    return {"spec": spec}
+
+
+async def run_and_wait(parameters: dict, timeout: float) -> tuple[str, str]:
+    from prefect.client.orchestration import get_client
+    from prefect.deployments import run_deployment
+
+    flow_run = await run_deployment(DEPLOYMENT, parameters=parameters, timeout=0)
+    deadline = time.monotonic() + timeout
+    async with get_client() as client:
+        while time.monotonic() < deadline:
+            state = (await client.read_flow_run(flow_run.id)).state
+            if state is not None and state.is_final():
+                return str(flow_run.id), state.type.value
+            await asyncio.sleep(1)
+    return str(flow_run.id), "TIMED_OUT"
+
+
+def check(name: str, ok: bool, failures: list[str]) -> None:
+    print(f"{'PASS' if ok else 'FAIL'}  {name}")
+    if not ok:
+        failures.append(name)
+
+
+def main() -> int:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--k", type=int, default=5)
+    parser.add_argument("--epsilon", type=float, default=0.5)
+    parser.add_argument("--timeout", type=float, default=300)
+    args = parser.parse_args()
+
+    work = Path(tempfile.mkdtemp(prefix="kepsilon-deploy-"))
+    port = free_port()
+    env = {
+        **os.environ,
+        "PREFECT_HOME": str(work / "prefect"),
+        "PREFECT_API_URL": f"http://127.0.0.1:{port}/api",
+        "PREFECT_SERVER_ANALYTICS_ENABLED": "false",
+        "PREFECT_RESULTS_PERSIST_BY_DEFAULT": "false",
+        "KEPSILON_PROJECT_DIR": str(ROOT),
+        "KEPSILON_AUDIT_DB": str(work / "audit.db"),
+        "KEPSILON_SEED_KEY_FILE": str(work / "seed.key"),
+    }
+    os.environ.update(env)
+    subprocess.run(
+        [str(BIN / "kepsilon"), "audit", "set-cap", "paper-synthetic-people", "10", "--by", "check", "--reason", "check"],
+        cwd=ROOT, env=env, check=True, capture_output=True,
+    )
+    server = subprocess.Popen(
+        [str(BIN / "prefect"), "server", "start", "--host", "127.0.0.1", "--port", str(port)],
+        cwd=ROOT, env=env, stdout=open(work / "server.log", "w"), stderr=subprocess.STDOUT,
+    )
+    worker = None
+    failures: list[str] = []
+    try:
+        wait_healthy(env["PREFECT_API_URL"])
+        prefect("work-pool", "create", "kepsilon-process", "--type", "process", "--overwrite", env=env)
+        prefect("--no-prompt", "deploy", "--all", "--prefect-file", "deployments/prefect.yaml", env=env)
+        worker = subprocess.Popen(
+            [str(BIN / "prefect"), "worker", "start", "--pool", "kepsilon-process"],
+            cwd=ROOT, env=env, stdout=open(work / "worker.log", "w"), stderr=subprocess.STDOUT,
+        )
+        output_dir = work / "out"
+        parameters = changed_parameters(args.k, args.epsilon, output_dir)
+        flow_run_id, state = asyncio.run(run_and_wait(parameters, args.timeout))
+        check(f"deployment run {flow_run_id} completed (state {state})", state == "COMPLETED", failures)
+
+        release = output_dir / parameters["spec"]["release_id"]
+        manifest_path = release / "manifest.json"
+        check("manifest.json published", manifest_path.exists(), failures)
+        if manifest_path.exists():
+            import pandas as pd
+
+            manifest = json.loads(manifest_path.read_text())
+            check(f"manifest records the changed k={args.k}", manifest["k"] == args.k, failures)
+            check(f"manifest records the changed ε={args.epsilon}", manifest["epsilon"] == args.epsilon, failures)
+            check("manifest names the deployment's flow run", manifest["execution"]["flow_run_id"] == flow_run_id, failures)
+            published = pd.read_csv(release / "data.csv")
+            smallest = published.groupby(manifest["roles"]["k_quasi"]).size().min()
+            check(f"published file is {args.k}-anonymous (smallest group {smallest})", smallest >= args.k, failures)
+    finally:
+        for process in (worker, server):
+            if process is not None and process.poll() is None:
+                process.send_signal(signal.SIGINT)  # the worker ignores SIGTERM
+                try:
+                    process.wait(timeout=30)
+                except subprocess.TimeoutExpired:
+                    process.kill()
+    print(f"{'OK' if not failures else 'FAILED'}: deployment check ({len(failures)} failure(s)); logs in {work}")
+    return 1 if failures else 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
