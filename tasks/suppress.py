@@ -1,0 +1,187 @@
+"""Confidence-based suppression, "c-confident k-anonymity" (method.md §5).
+
+An adversary who knows the original values builds, around each noisy value ``v'_i``, the interval
+``[v'_i − r_c, v'_i + r_c]`` that holds the true value with probability ``c``; for Laplace noise of
+scale ``b``, ``r_c = −b·ln(1 − c)``. With ``ℓ_i`` the number of the class's *original* values inside
+record i's interval:
+
+- record rule: suppress record i when ``0 < ℓ_i < k`` (``ℓ_i = 0``: the noise made the record an
+  outlier that matches nobody, so it is kept);
+- class rule: suppress the whole class when ``|ec| − |{i : ℓ_i < k}| < k``.
+
+Guarantee: with ``ℓ_i`` counted over the class as it stood before this step, every published
+record's c-confidence interval holds either no original of its class or at least k of them, and
+every surviving class keeps at least k records whose interval holds ≥ k originals (so it keeps ≥ k
+records). The rules are not iterated after removal (as in the paper), and they read the true
+values, so they are themselves not differentially private (method.md §7).
+
+``ℓ_i`` is computed for all records at once with one sort and two ``searchsorted`` calls over
+integer keys ``class·R + rank(value)`` (ranks taken jointly over originals and interval ends, so
+ties keep their order): O(n log n), nothing quadratic per class.
+"""
+
+from dataclasses import dataclass
+from typing import Any, Mapping
+
+import numpy as np
+
+from .errors import SpecError
+from .perturb import dense_class_ids
+
+
+@dataclass
+class SuppressionResult:
+    """Boolean masks over the input rows and a count report (no data values).
+
+    ``record_rule``: rows removed by ``0 < ℓ_i < k``. ``class_rule``: rows removed because their
+    class fell below k, and not already removed by the record rule. ``removed``: their union.
+    """
+
+    record_rule: np.ndarray
+    class_rule: np.ndarray
+    removed: np.ndarray
+    report: dict[str, Any]
+
+
+def _check_parameters(k: int, confidence: float) -> None:
+    if isinstance(k, bool) or not isinstance(k, (int, np.integer)) or k < 2:
+        raise SpecError("k", "must be an integer ≥ 2")
+    if isinstance(confidence, bool) or not isinstance(confidence, (int, float, np.floating)) or not 0 < confidence < 1:
+        raise SpecError("confidence", "must lie strictly between 0 and 1")
+
+
+def _as_float_array(name: str, values, n_rows: int) -> np.ndarray:
+    array = np.asarray(values, dtype=np.float64)
+    if array.ndim != 1 or len(array) != n_rows:
+        raise SpecError(name, f"needs one value per row ({n_rows})")
+    if not np.isfinite(array).all():
+        raise SpecError(name, "holds missing or infinite values")
+    return array
+
+
+def confidence_radius(scales: np.ndarray, confidence: float) -> np.ndarray:
+    """Half-width ``r_c = −b·ln(1 − c)`` of the c-confidence interval of Laplace noise of scale b."""
+    return -scales * np.log1p(-confidence)
+
+
+def class_value_keys(dense_ids: np.ndarray, values: np.ndarray, *queries: np.ndarray) -> tuple[np.ndarray, ...]:
+    """Integer keys that sort by (class, value) for ``values`` and for each query array.
+
+    ``key = class·R + rank`` where ``rank`` is the position of the value among all distinct values
+    of ``values`` and the queries together (equal floats share a rank) and ``R`` the number of those
+    distinct values. Comparing keys of one class compares the floats exactly, so a single
+    ``searchsorted`` over sorted keys answers "how many values of my class are ≤ x" for every row.
+    """
+    pooled = np.concatenate([values, *queries])
+    distinct, ranks = np.unique(pooled, return_inverse=True)
+    width = np.int64(len(distinct))
+    n = len(values)
+    keys = []
+    for part in range(1 + len(queries)):
+        keys.append(dense_ids * width + ranks[part * n : (part + 1) * n].astype(np.int64))
+    return tuple(keys)
+
+
+def matches_within_radius(original: np.ndarray, noisy: np.ndarray, dense_ids: np.ndarray, radius: np.ndarray) -> np.ndarray:
+    """``ℓ_i``: how many originals of row i's class lie in ``[noisy_i − r_i, noisy_i + r_i]``."""
+    value_keys, low_keys, high_keys = class_value_keys(dense_ids, original, noisy - radius, noisy + radius)
+    sorted_keys = np.sort(value_keys)
+    return (np.searchsorted(sorted_keys, high_keys, side="right") - np.searchsorted(sorted_keys, low_keys, side="left")).astype(
+        np.int64
+    )
+
+
+def confidence_suppress(
+    original: np.ndarray,
+    noisy: np.ndarray,
+    class_ids: np.ndarray,
+    scales: np.ndarray,
+    k: int,
+    confidence: float,
+) -> SuppressionResult:
+    """Apply the record and class rules of c-confident k-anonymity to one ε-quasi column.
+
+    ``scales``: the Laplace scale b per row used by the perturbation (0 for zero-diameter classes,
+    whose interval is the point itself, so ``ℓ_i`` is the class size there and nothing is removed
+    for classes of ≥ k). ``class_ids``: one non-negative integer per row, not necessarily dense.
+    """
+    _check_parameters(k, confidence)
+    n_rows = len(np.asarray(original))
+    original = _as_float_array("original", original, n_rows)
+    noisy = _as_float_array("noisy", noisy, n_rows)
+    scales = _as_float_array("scales", scales, n_rows)
+    if (scales < 0).any():
+        raise SpecError("scales", "must be non-negative")
+    dense_ids, n_classes = dense_class_ids(class_ids, n_rows)
+
+    matches = matches_within_radius(original, noisy, dense_ids, confidence_radius(scales, confidence))
+    below_k = matches < k
+    record_rule = below_k & (matches > 0)
+    class_sizes = np.bincount(dense_ids, minlength=n_classes)
+    below_k_per_class = np.bincount(dense_ids, weights=below_k, minlength=n_classes)
+    failing_classes = class_sizes - below_k_per_class < k
+    class_rule = failing_classes[dense_ids] & ~record_rule
+    removed = record_rule | class_rule
+    report = {
+        "k": int(k),
+        "confidence": float(confidence),
+        "records": int(n_rows),
+        "outliers_kept": int((matches == 0).sum()),
+        "removed_by_record_rule": int(record_rule.sum()),
+        "removed_by_class_rule": int(class_rule.sum()),
+        "classes_removed": int(failing_classes.sum()),
+        "removed": int(removed.sum()),
+    }
+    return SuppressionResult(record_rule=record_rule, class_rule=class_rule, removed=removed, report=report)
+
+
+def confidence_suppress_columns(
+    originals: Mapping[str, np.ndarray],
+    noisy: Mapping[str, np.ndarray],
+    class_ids: np.ndarray,
+    scales: Mapping[str, np.ndarray],
+    k: int,
+    confidence: float,
+) -> SuppressionResult:
+    """Confidence suppression for several ε-quasis: a record goes if any column's rules flag it.
+
+    ``originals``, ``noisy`` and ``scales`` map each ε-quasi column to its per-row array (a
+    DataFrame works for the first two). ``record_rule`` is the union of the columns' record rules;
+    ``class_rule`` the union of their class rules, plus every class left with fewer than k records
+    once the union is removed (so the output stays k-anonymous), minus rows already in
+    ``record_rule``.
+
+    Limitation: the rule is applied per attribute. An adversary who combines the intervals of d
+    ε-quasis has a joint region of confidence ``c^d`` (not c) that can hold fewer than k originals
+    even when every per-column interval holds k or more; such records are not suppressed here.
+    """
+    _check_parameters(k, confidence)
+    columns = list(scales)
+    n_rows = len(np.asarray(class_ids))
+    record_rule = np.zeros(n_rows, dtype=bool)
+    class_rule = np.zeros(n_rows, dtype=bool)
+    per_column = {}
+    for column in columns:
+        result = confidence_suppress(
+            np.asarray(originals[column]), np.asarray(noisy[column]), class_ids, scales[column], k, confidence
+        )
+        record_rule |= result.record_rule
+        class_rule |= result.class_rule
+        per_column[column] = result.report
+    dense_ids, n_classes = dense_class_ids(class_ids, n_rows)
+    removed = record_rule | class_rule
+    survivors = np.bincount(dense_ids, weights=~removed, minlength=n_classes)
+    shrunk_classes = (survivors > 0) & (survivors < k)
+    class_rule = (class_rule | shrunk_classes[dense_ids]) & ~record_rule
+    removed = record_rule | class_rule
+    report = {
+        "k": int(k),
+        "confidence": float(confidence),
+        "records": int(n_rows),
+        "removed_by_record_rule": int(record_rule.sum()),
+        "removed_by_class_rule": int(class_rule.sum()),
+        "classes_removed_after_union": int(shrunk_classes.sum()),
+        "removed": int(removed.sum()),
+        "columns": per_column,
+    }
+    return SuppressionResult(record_rule=record_rule, class_rule=class_rule, removed=removed, report=report)
