@@ -1,0 +1,345 @@
+"""The release gate: Great Expectations checks a published table must pass before it is released.
+
+`validate_release` runs one in-memory Great Expectations suite over the table about to be published
+and answers, per check, only a name and a pass/fail boolean. The published table is private data, so
+the suite runs with ``result_format="BOOLEAN_ONLY"`` (richer formats copy failing values into the
+result), the custom metrics below return counts or booleans and never a cell, and no exception text
+from Great Expectations (which may quote values) is kept or logged.
+
+Checks (a failed or raising expectation counts as a failed check — the gate fails closed):
+
+- ``k_anonymous_groups``: grouping the published rows by the k-quasi columns gives no group smaller
+  than k (custom `ExpectColumnGroupsToHaveAtLeastKRows`).
+- ``suppression_within_budget``: ``rows_removed / rows_in <= suppression_budget`` (data-free, plain).
+- ``no_explicit_identifiers``: no explicit-identifier column is present (custom
+  `ExpectTableColumnsToExcludeSet`, compared case-insensitively).
+- ``e_quasi_numeric_finite:<col>``, one per ε-quasi: the column has an integer or float dtype and
+  every value is finite — NaN, missing, +inf and −inf fail (custom `ExpectColumnValuesToBeFiniteNumbers`).
+- ``k_quasi_columns_present``: every k-quasi column exists (`ExpectTableColumnsToMatchSet`, subset).
+- ``published_rows_match_accounting``: the table has exactly ``rows_in − rows_removed`` rows
+  (`ExpectTableRowCountToEqual`), so the suppression check is made on the numbers actually published.
+"""
+
+from __future__ import annotations
+
+import logging
+import math
+import numbers
+import os
+import uuid
+from dataclasses import dataclass, field
+from typing import Any, ClassVar
+
+import numpy as np
+import pandas as pd
+
+# Offline machines: GE otherwise tries to send usage statistics on import and on every run.
+os.environ.setdefault("GX_ANALYTICS_ENABLED", "false")
+
+import great_expectations as gx  # noqa: E402
+from great_expectations.core.metric_domain_types import MetricDomainTypes  # noqa: E402
+from great_expectations.data_context.types.base import ProgressBarsConfig  # noqa: E402
+from great_expectations.execution_engine import PandasExecutionEngine  # noqa: E402
+from great_expectations.expectations.expectation import (  # noqa: E402
+    BatchExpectation,
+    ColumnAggregateExpectation,
+)
+from great_expectations.expectations.metrics.column_aggregate_metric_provider import (  # noqa: E402
+    ColumnAggregateMetricProvider,
+    column_aggregate_value,
+)
+from great_expectations.expectations.metrics.metric_provider import metric_value  # noqa: E402
+from great_expectations.expectations.metrics.table_metric_provider import (  # noqa: E402
+    TableMetricProvider,
+)
+
+from kepsilon.tasks.errors import SpecError  # noqa: E402
+
+logger = logging.getLogger(__name__)
+# GE logs at INFO/DEBUG on every run; a release log should carry our outcome, not its chatter.
+logging.getLogger("great_expectations").setLevel(logging.WARNING)
+
+K_ANONYMOUS_GROUPS = "k_anonymous_groups"
+SUPPRESSION_WITHIN_BUDGET = "suppression_within_budget"
+NO_EXPLICIT_IDENTIFIERS = "no_explicit_identifiers"
+E_QUASI_NUMERIC_FINITE = "e_quasi_numeric_finite"
+K_QUASI_COLUMNS_PRESENT = "k_quasi_columns_present"
+PUBLISHED_ROWS_MATCH_ACCOUNTING = "published_rows_match_accounting"
+
+_CHECK_META_KEY = "kepsilon_check"
+
+
+# --------------------------------------------------------------------------- plain computations
+
+
+def smallest_group_size(frame: pd.DataFrame, columns: list[str]) -> int | None:
+    """Size of the smallest group of rows sharing their values on `columns`; None for no rows.
+
+    Only columns present in `frame` are grouped on: an adversary can link only on published
+    columns, so this is the k the published table really offers (a missing k-quasi column is a
+    separate check). Missing values form their own group (``dropna=False``) — dropping them would
+    hide small groups. With no column to group on, the whole table is one group.
+    """
+    if len(frame) == 0:
+        return None
+    present = [c for c in columns if c in frame.columns]
+    if not present:
+        return len(frame)
+    sizes = frame.groupby(present, dropna=False, sort=False, observed=True).size()
+    return int(sizes.min())
+
+
+def is_finite_numeric(values: pd.Series) -> bool:
+    """True when `values` has an integer or float dtype and holds no NaN, missing or ±inf value.
+
+    Booleans, complex numbers and object columns (even of numbers) are refused: the noise step
+    works on real numbers and a text or mixed column means something upstream went wrong.
+    """
+    dtype = values.dtype
+    # pandas counts neither bool nor complex as an integer or float dtype.
+    if not (pd.api.types.is_integer_dtype(dtype) or pd.api.types.is_float_dtype(dtype)):
+        return False
+    as_float = values.to_numpy(dtype=np.float64, na_value=np.nan)
+    return bool(np.isfinite(as_float).all())
+
+
+# --------------------------------------------------------------------------- GE metrics
+
+
+class TableMinGroupSize(TableMetricProvider):
+    """Metric: the smallest group size when rows are grouped by `group_columns` (a count, no values)."""
+
+    metric_name = "table.kepsilon_min_group_size"
+    value_keys = ("group_columns",)
+
+    @metric_value(engine=PandasExecutionEngine)
+    def _pandas(
+        cls,
+        execution_engine: PandasExecutionEngine,
+        metric_domain_kwargs: dict,
+        metric_value_kwargs: dict,
+        metrics: dict[str, Any],
+        runtime_configuration: dict,
+    ):
+        frame, _, _ = execution_engine.get_compute_domain(
+            metric_domain_kwargs, domain_type=MetricDomainTypes.TABLE
+        )
+        return smallest_group_size(frame, list(metric_value_kwargs["group_columns"]))
+
+
+class ColumnIsFiniteNumeric(ColumnAggregateMetricProvider):
+    """Metric: whether a column is numeric with only finite values (a boolean, no values)."""
+
+    metric_name = "column.kepsilon_is_finite_numeric"
+    # Nulls must reach the check: a NaN in an ε-quasi is exactly what it has to catch.
+    filter_column_isnull = False
+
+    @column_aggregate_value(engine=PandasExecutionEngine)
+    def _pandas(cls, column: pd.Series, **kwargs):
+        return is_finite_numeric(column)
+
+
+# --------------------------------------------------------------------------- GE expectations
+
+
+class ExpectColumnGroupsToHaveAtLeastKRows(BatchExpectation):
+    """Expect every group of rows sharing their `group_columns` values to have at least `k` rows.
+
+    This is k-anonymity of the published table over those columns. Group-by is on the columns
+    present in the batch (see `smallest_group_size`); an empty batch passes vacuously.
+    """
+
+    group_columns: list[str]
+    k: int
+
+    metric_dependencies: ClassVar[tuple[str, ...]] = ("table.kepsilon_min_group_size",)
+    success_keys: ClassVar[tuple[str, ...]] = ("group_columns", "k")
+    args_keys: ClassVar[tuple[str, ...]] = ("group_columns", "k")
+
+    def _validate(self, metrics: dict, runtime_configuration: dict | None = None, execution_engine=None):
+        smallest = metrics["table.kepsilon_min_group_size"]
+        return {"success": smallest is None or smallest >= self.k}
+
+
+class ExpectTableColumnsToExcludeSet(BatchExpectation):
+    """Expect none of `column_set` to be a column of the table, compared case-insensitively.
+
+    Case-insensitive because a renamed ``Name`` is as identifying as ``NAME``; a false alarm costs
+    a rerun, a missed identifier costs a breach.
+    """
+
+    column_set: list[str]
+
+    metric_dependencies: ClassVar[tuple[str, ...]] = ("table.columns",)
+    success_keys: ClassVar[tuple[str, ...]] = ("column_set",)
+    args_keys: ClassVar[tuple[str, ...]] = ("column_set",)
+
+    def _validate(self, metrics: dict, runtime_configuration: dict | None = None, execution_engine=None):
+        present = {str(c).casefold() for c in metrics["table.columns"]}
+        forbidden = {c.casefold() for c in self.column_set}
+        return {"success": not (present & forbidden)}
+
+
+class ExpectColumnValuesToBeFiniteNumbers(ColumnAggregateExpectation):
+    """Expect the column to have an integer or float dtype with every value finite (no NaN, ±inf)."""
+
+    metric_dependencies: ClassVar[tuple[str, ...]] = ("column.kepsilon_is_finite_numeric",)
+    success_keys: ClassVar[tuple[str, ...]] = ()
+
+    def _validate(self, metrics: dict, runtime_configuration: dict | None = None, execution_engine=None):
+        return {"success": bool(metrics["column.kepsilon_is_finite_numeric"])}
+
+
+# --------------------------------------------------------------------------- the gate
+
+
+@dataclass(frozen=True)
+class ValidationReport:
+    """Outcome of the release gate: per check only its name and whether it passed.
+
+    Nothing else from Great Expectations is kept — observed values, exception texts and partial
+    results may hold private data.
+    """
+
+    checks: list[dict] = field(default_factory=list)
+    success: bool = False
+
+    @property
+    def failed_checks(self) -> list[str]:
+        """Names of the checks that failed, in report order (for `ValidationFailed`)."""
+        return [c["name"] for c in self.checks if not c["success"]]
+
+
+def validate_release(
+    published: pd.DataFrame,
+    *,
+    k_quasi: list[str],
+    e_quasi: list[str],
+    explicit: list[str],
+    k: int,
+    rows_in: int,
+    rows_removed: int,
+    suppression_budget: float,
+) -> ValidationReport:
+    """Check the table about to be published and report, per check, only a name and a boolean.
+
+    Guarantee: ``report.success`` is True only if every check listed in the module docstring
+    passed; a check whose expectation raised inside Great Expectations counts as failed, and so do
+    all expectation checks if the suite run itself raises. The report, the logs and any exception
+    this function raises carry no data value. Parameters are validated first (SpecError names the
+    parameter).
+    """
+    _check_parameters(published, k_quasi, e_quasi, explicit, k, rows_in, rows_removed, suppression_budget)
+    expectations = _build_expectations(k_quasi, e_quasi, explicit, k, rows_in - rows_removed)
+    outcomes = _run_suite(published, expectations)
+    outcomes[SUPPRESSION_WITHIN_BUDGET] = suppression_within_budget(rows_in, rows_removed, suppression_budget)
+    order = [K_ANONYMOUS_GROUPS, SUPPRESSION_WITHIN_BUDGET] + [name for name, _ in expectations if name != K_ANONYMOUS_GROUPS]
+    checks = [{"name": name, "success": bool(outcomes[name])} for name in dict.fromkeys(order)]
+    return ValidationReport(checks=checks, success=all(c["success"] for c in checks))
+
+
+def suppression_within_budget(rows_in: int, rows_removed: int, suppression_budget: float) -> bool:
+    """Whether the suppressed fraction ``rows_removed / rows_in`` is at most the budget."""
+    return rows_removed / rows_in <= suppression_budget
+
+
+def _check_parameters(published, k_quasi, e_quasi, explicit, k, rows_in, rows_removed, suppression_budget) -> None:
+    """Refuse parameters the checks cannot be meaningful with, naming the parameter."""
+    if not isinstance(published, pd.DataFrame):
+        raise SpecError("published", "must be a pandas DataFrame")
+    for name, columns in (("k_quasi", k_quasi), ("e_quasi", e_quasi), ("explicit", explicit)):
+        if isinstance(columns, str) or not all(isinstance(c, str) and c for c in columns):
+            raise SpecError(name, "must be a list of non-empty column names")
+    if not k_quasi:
+        raise SpecError("k_quasi", "must name at least one column")
+    if not _is_int(k) or k < 1:
+        raise SpecError("k", "must be an integer >= 1")
+    if not _is_int(rows_in) or rows_in < 1:
+        raise SpecError("rows_in", "must be an integer >= 1")
+    if not _is_int(rows_removed) or not 0 <= rows_removed <= rows_in:
+        raise SpecError("rows_removed", "must be an integer between 0 and rows_in")
+    if (
+        isinstance(suppression_budget, bool)
+        or not isinstance(suppression_budget, numbers.Real)
+        or not math.isfinite(suppression_budget)
+        or not 0 <= suppression_budget <= 1
+    ):
+        raise SpecError("suppression_budget", "must be a number between 0 and 1")
+
+
+def _is_int(value) -> bool:
+    return isinstance(value, numbers.Integral) and not isinstance(value, bool)
+
+
+def _build_expectations(k_quasi, e_quasi, explicit, k, rows_published) -> list[tuple[str, Any]]:
+    """One (check name, expectation) pair per GE check, in report order."""
+    pairs: list[tuple[str, Any]] = [
+        (K_ANONYMOUS_GROUPS, ExpectColumnGroupsToHaveAtLeastKRows(group_columns=list(k_quasi), k=int(k))),
+        (NO_EXPLICIT_IDENTIFIERS, ExpectTableColumnsToExcludeSet(column_set=list(explicit))),
+    ]
+    pairs += [
+        (f"{E_QUASI_NUMERIC_FINITE}:{column}", ExpectColumnValuesToBeFiniteNumbers(column=column))
+        for column in e_quasi
+    ]
+    pairs += [
+        (K_QUASI_COLUMNS_PRESENT, gx.expectations.ExpectTableColumnsToMatchSet(column_set=list(k_quasi), exact_match=False)),
+        (PUBLISHED_ROWS_MATCH_ACCOUNTING, gx.expectations.ExpectTableRowCountToEqual(value=int(rows_published))),
+    ]
+    for name, expectation in pairs:
+        expectation.meta = {_CHECK_META_KEY: name}
+    return pairs
+
+
+def _run_suite(published: pd.DataFrame, expectations: list[tuple[str, Any]]) -> dict[str, bool]:
+    """Run the expectations as one in-memory suite; map each check name to pass/fail.
+
+    Fails closed: a check whose result is missing, unsuccessful or carries a raised exception is
+    False, and if the run itself raises every check is False (only the exception's type is logged,
+    its text may quote data).
+    """
+    outcomes = {name: False for name, _ in expectations}
+    try:
+        results = _validation_definition(expectations).run(
+            batch_parameters={"dataframe": published},
+            result_format="BOOLEAN_ONLY",
+        )
+    except Exception as error:  # noqa: BLE001 — any GE failure must close the gate, not open it
+        logger.warning("release validation suite raised %s; every check marked failed", type(error).__name__)
+        return outcomes
+    passed: dict[str, bool] = {}
+    for result in results.results:
+        name = (result.expectation_config.meta or {}).get(_CHECK_META_KEY)
+        if name not in outcomes:
+            continue
+        ok = bool(result.success) and not _raised(result.exception_info)
+        passed[name] = passed.get(name, True) and ok
+    outcomes.update(passed)
+    return outcomes
+
+
+def _validation_definition(expectations: list[tuple[str, Any]]):
+    """A fresh ephemeral context with a dataframe asset, the suite and its validation definition."""
+    context = gx.get_context(mode="ephemeral")
+    context.variables.progress_bars = ProgressBarsConfig(globally=False)
+    suffix = uuid.uuid4().hex
+    batch = (
+        context.data_sources.add_pandas(f"release-{suffix}")
+        .add_dataframe_asset("published")
+        .add_batch_definition_whole_dataframe("whole")
+    )
+    # Suites and definitions must be registered with the context before they can run.
+    suite = context.suites.add(gx.ExpectationSuite(name=f"release-gate-{suffix}"))
+    for _, expectation in expectations:
+        suite.add_expectation(expectation)
+    return context.validation_definitions.add(
+        gx.ValidationDefinition(data=batch, suite=suite, name=f"release-gate-{suffix}")
+    )
+
+
+def _raised(exception_info) -> bool:
+    """Whether GE recorded a raised exception; it nests the info per metric in some paths."""
+    if not exception_info:
+        return False
+    if "raised_exception" in exception_info:
+        return bool(exception_info["raised_exception"])
+    return any(_raised(info) for info in exception_info.values() if isinstance(info, dict))
