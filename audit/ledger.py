@@ -1,0 +1,353 @@
+"""The ε ledger: a lifetime cap per population, enforced across releases, processes and reruns.
+
+Guarantee: for every population, at every moment,
+``Σ ε of non-voided reservations + Σ ε of extra (re-draw) spends ≤ latest cap``, counted exactly in
+integer nano-ε. The check and the insert it guards run in one ``BEGIN IMMEDIATE`` transaction, so
+concurrent releases cannot overspend. Amounts are converted conservatively: a charge is rounded up
+to the next nano-ε, a cap down (so the ledger never admits more than was declared).
+
+The ledger is append-only: a cap change, a reservation, the moment noise was drawn (spend) and a
+void are each a new attributed row; a reservation's status is derived from later rows.
+"""
+
+from __future__ import annotations
+
+import math
+import os
+from dataclasses import dataclass
+from decimal import ROUND_CEILING, ROUND_FLOOR, Decimal, InvalidOperation
+from fractions import Fraction
+
+import sqlite_utils
+
+from kepsilon.tasks.errors import KepsilonError, SpecError
+
+from .store import append, ensure_population, now, require_text, write_transaction
+
+NANO = 10**9
+ENV_DEFAULT_CAP = "KEPSILON_DEFAULT_CAP"
+DEFAULT_CAP_ACTOR = "kepsilon-default"
+
+
+class BudgetExceeded(KepsilonError):
+    """A reservation would take the population's ε beyond its cap; nothing was reserved or spent."""
+
+    def __init__(self, population_id: str, requested: float, remaining: float, problem: str | None = None):
+        self.population_id = population_id
+        self.requested = requested
+        self.remaining = remaining
+        super().__init__(
+            problem
+            or f"population {population_id!r}: requested ε={requested:g} exceeds the remaining budget ε={remaining:g}"
+        )
+
+
+class CapMissing(BudgetExceeded):
+    """The population has no cap yet, so no ε can be reserved for it."""
+
+    def __init__(self, population_id: str, requested: float):
+        super().__init__(
+            population_id,
+            requested,
+            0.0,
+            problem=(
+                f"population {population_id!r} has no ε cap; set one first with "
+                f"`kepsilon audit set-cap {population_id} CAP --by NAME --reason TEXT` "
+                f"(or set env {ENV_DEFAULT_CAP} to create a default cap attributed to {DEFAULT_CAP_ACTOR!r})"
+            ),
+        )
+
+
+class IdempotencyConflict(KepsilonError):
+    """The idempotency key already belongs to a reservation for another population or ε."""
+
+    def __init__(self, problem: str):
+        super().__init__(f"parameter 'idempotency_key': {problem}")
+
+
+class ReservationStateError(KepsilonError):
+    """A void or spend was asked of a reservation in a state that forbids it."""
+
+
+@dataclass(frozen=True)
+class Reservation:
+    """A reservation of ε for one logical release (one idempotency key)."""
+
+    id: int
+    population_id: str
+    idempotency_key: str
+    release_id: str
+    epsilon: float
+    status: str  # 'reserved' | 'spent' | 'voided'
+    reused: bool
+    nano_epsilon: int = 0
+
+
+def to_nano(parameter: str, epsilon, *, round_up: bool) -> int:
+    """ε as integer nano-ε, exactly from its decimal text; rounded up for charges, down for caps."""
+    if isinstance(epsilon, bool) or not isinstance(epsilon, (int, float, Decimal, Fraction, str)):
+        raise SpecError(parameter, "must be a number")
+    try:
+        value = Decimal(str(epsilon)) if not isinstance(epsilon, Fraction) else None
+    except InvalidOperation:
+        raise SpecError(parameter, "must be a number") from None
+    if value is None:  # a Fraction: exact rational arithmetic
+        if epsilon <= 0:
+            raise SpecError(parameter, "must be positive")
+        scaled = epsilon * NANO
+        return math.ceil(scaled) if round_up else math.floor(scaled)
+    if not value.is_finite():
+        raise SpecError(parameter, "must be finite")
+    if value <= 0:
+        raise SpecError(parameter, "must be positive")
+    nano = int((value * NANO).to_integral_value(rounding=ROUND_CEILING if round_up else ROUND_FLOOR))
+    if nano <= 0:
+        raise SpecError(parameter, "is below the ledger's resolution of 1e-9")
+    return nano
+
+
+def from_nano(nano: int) -> float:
+    """nano-ε back to a float, for display and the float-returning API."""
+    return nano / NANO
+
+
+def _cap_nano(conn, population_id: str) -> int | None:
+    row = conn.execute(
+        "SELECT nano_epsilon FROM ledger WHERE population_id = ? AND kind = 'cap' ORDER BY id DESC LIMIT 1",
+        (population_id,),
+    ).fetchone()
+    return row[0] if row else None
+
+
+# ε in use: every non-voided reservation, plus each spend beyond a reservation's first (a visible
+# re-draw of noise, charged again).
+_USED_SQL = """
+SELECT
+  COALESCE((SELECT SUM(r.nano_epsilon) FROM ledger r
+            WHERE r.population_id = :p AND r.kind = 'reserve'
+              AND NOT EXISTS (SELECT 1 FROM ledger v WHERE v.reservation_id = r.id AND v.kind = 'void')), 0)
+  + COALESCE((SELECT SUM(s.nano_epsilon) FROM ledger s
+              WHERE s.population_id = :p AND s.kind = 'spend'
+                AND s.id > (SELECT MIN(f.id) FROM ledger f WHERE f.reservation_id = s.reservation_id AND f.kind = 'spend')), 0)
+"""
+
+
+def _used_nano(conn, population_id: str) -> int:
+    return conn.execute(_USED_SQL, {"p": population_id}).fetchone()[0]
+
+
+def _status(conn, reservation_id: int) -> str:
+    kinds = {k for (k,) in conn.execute("SELECT kind FROM ledger WHERE reservation_id = ?", (reservation_id,))}
+    if "void" in kinds:
+        return "voided"
+    if "spend" in kinds:
+        return "spent"
+    return "reserved"
+
+
+def _reservation_row(conn, reservation_id: int):
+    row = conn.execute(
+        "SELECT id, population_id, idempotency_key, release_id, nano_epsilon FROM ledger WHERE id = ? AND kind = 'reserve'",
+        (reservation_id,),
+    ).fetchone()
+    if row is None:
+        raise SpecError("reservation_id", "no such reservation")
+    return row
+
+
+def _as_reservation(conn, row, reused: bool) -> Reservation:
+    rid, population_id, key, release_id, nano = row
+    return Reservation(rid, population_id, key, release_id, from_nano(nano), _status(conn, rid), reused, nano)
+
+
+def _default_cap(conn, population_id: str) -> int | None:
+    """Create the population's cap from env KEPSILON_DEFAULT_CAP, attributed to 'kepsilon-default'."""
+    raw = os.environ.get(ENV_DEFAULT_CAP)
+    if not raw:
+        return None
+    nano = to_nano(ENV_DEFAULT_CAP, raw, round_up=False)
+    append(
+        conn,
+        "ledger",
+        {
+            "population_id": population_id,
+            "kind": "cap",
+            "nano_epsilon": nano,
+            "actor": DEFAULT_CAP_ACTOR,
+            "reason": f"default cap from env {ENV_DEFAULT_CAP} on first reservation",
+            "created_at": now(),
+        },
+    )
+    return nano
+
+
+def reserve(
+    db: sqlite_utils.Database, *, population_id: str, epsilon: float, idempotency_key: str, release_id: str, operator: str
+) -> Reservation:
+    """Reserve ε for one logical release, or return its existing reservation (``reused=True``, no new spend).
+
+    Refuses with ``BudgetExceeded`` (before any noise can be drawn) when cap − in-use < ε; with
+    ``CapMissing`` when the population has no cap and env KEPSILON_DEFAULT_CAP is unset; with
+    ``IdempotencyConflict`` when the key already reserved for another population or another ε.
+    """
+    population_id = require_text("population_id", population_id)
+    idempotency_key = require_text("idempotency_key", idempotency_key)
+    release_id = require_text("release_id", release_id)
+    operator = require_text("operator", operator)
+    nano = to_nano("epsilon", epsilon, round_up=True)
+    with write_transaction(db) as conn:
+        existing = conn.execute(
+            """SELECT id, population_id, idempotency_key, release_id, nano_epsilon FROM ledger r
+               WHERE r.kind = 'reserve' AND r.idempotency_key = ?
+                 AND NOT EXISTS (SELECT 1 FROM ledger v WHERE v.reservation_id = r.id AND v.kind = 'void')
+               ORDER BY id DESC LIMIT 1""",
+            (idempotency_key,),
+        ).fetchone()
+        if existing is not None:
+            if existing[1] != population_id or existing[4] != nano:
+                raise IdempotencyConflict(
+                    "already reserved for another population or another ε; a changed release needs a new key"
+                )
+            return _as_reservation(conn, existing, reused=True)
+        ensure_population(conn, population_id, operator)
+        cap = _cap_nano(conn, population_id)
+        if cap is None:
+            cap = _default_cap(conn, population_id)
+            if cap is None:
+                raise CapMissing(population_id, from_nano(nano))
+        left = cap - _used_nano(conn, population_id)
+        if nano > left:
+            raise BudgetExceeded(population_id, from_nano(nano), from_nano(max(left, 0)))
+        rid = append(
+            conn,
+            "ledger",
+            {
+                "population_id": population_id,
+                "kind": "reserve",
+                "nano_epsilon": nano,
+                "idempotency_key": idempotency_key,
+                "release_id": release_id,
+                "actor": operator,
+                "created_at": now(),
+            },
+        )
+        return Reservation(rid, population_id, idempotency_key, release_id, from_nano(nano), "reserved", False, nano)
+
+
+def mark_noise_drawn(db: sqlite_utils.Database, reservation_id: int, *, redraw: bool = False, actor: str = "kepsilon-flow") -> int:
+    """Record that noise was drawn for the reservation: from now on its ε is spent and it cannot be voided.
+
+    Returns the id of the 'spend' entry. Calling it again for an already spent reservation returns the
+    first spend entry and records nothing (a rerun that re-derives identical noise from the sealed
+    seed spends nothing). ``redraw=True`` declares fresh noise for the same release: a second spend
+    entry that charges ε again, visibly, and is refused with ``BudgetExceeded`` if the cap forbids it.
+    """
+    with write_transaction(db) as conn:
+        rid, population_id, key, release_id, nano = _reservation_row(conn, reservation_id)
+        status = _status(conn, rid)
+        if status == "voided":
+            raise ReservationStateError(f"reservation {rid} was voided; noise must not be drawn under it")
+        if status == "spent" and not redraw:
+            return conn.execute(
+                "SELECT MIN(id) FROM ledger WHERE reservation_id = ? AND kind = 'spend'", (rid,)
+            ).fetchone()[0]
+        if status == "spent":
+            left = _cap_nano(conn, population_id) - _used_nano(conn, population_id)
+            if nano > left:
+                raise BudgetExceeded(population_id, from_nano(nano), from_nano(max(left, 0)))
+        return append(
+            conn,
+            "ledger",
+            {
+                "population_id": population_id,
+                "kind": "spend",
+                "nano_epsilon": nano,
+                "reservation_id": rid,
+                "idempotency_key": None,
+                "release_id": release_id,
+                "actor": actor,
+                "reason": "fresh noise drawn again for the same release" if status == "spent" else "noise drawn",
+                "created_at": now(),
+            },
+        )
+
+
+def void(db: sqlite_utils.Database, reservation_id: int, reason: str, *, actor: str = "kepsilon-flow") -> int:
+    """Release a reservation's ε (e.g. a release refused before noise); refused once noise was drawn."""
+    reason = require_text("reason", reason)
+    with write_transaction(db) as conn:
+        rid, population_id, key, release_id, nano = _reservation_row(conn, reservation_id)
+        status = _status(conn, rid)
+        if status == "spent":
+            raise ReservationStateError(f"reservation {rid}: noise was already drawn, its ε stays spent")
+        if status == "voided":
+            raise ReservationStateError(f"reservation {rid} is already voided")
+        return append(
+            conn,
+            "ledger",
+            {
+                "population_id": population_id,
+                "kind": "void",
+                "nano_epsilon": nano,
+                "reservation_id": rid,
+                "release_id": release_id,
+                "actor": actor,
+                "reason": reason,
+                "created_at": now(),
+            },
+        )
+
+
+def set_cap(db: sqlite_utils.Database, population_id: str, cap: float, by: str, reason: str) -> int:
+    """Set the population's lifetime cap (a new attributed entry; the latest one counts). Returns its id.
+
+    A cap below what is already in use is recorded too: it simply admits nothing more.
+    """
+    population_id = require_text("population_id", population_id)
+    by = require_text("by", by)
+    reason = require_text("reason", reason)
+    nano = to_nano("cap", cap, round_up=False)
+    with write_transaction(db) as conn:
+        ensure_population(conn, population_id, by)
+        return append(
+            conn,
+            "ledger",
+            {
+                "population_id": population_id,
+                "kind": "cap",
+                "nano_epsilon": nano,
+                "actor": by,
+                "reason": reason,
+                "created_at": now(),
+            },
+        )
+
+
+def budget(db: sqlite_utils.Database, population_id: str, since: str | None = None) -> dict:
+    """Exact budget state of a population in nano-ε: cap, reserved (not yet spent), spent, remaining.
+
+    ``since`` (a timestamp as stored) additionally counts ε spent since then (e.g. last 12 months).
+    ``cap`` and ``remaining`` are None when no cap is set.
+    """
+    conn = db.conn
+    cap = _cap_nano(conn, population_id)
+    used = _used_nano(conn, population_id)
+    spent_sql = """SELECT COALESCE(SUM(s.nano_epsilon), 0) FROM ledger s
+                   WHERE s.population_id = ? AND s.kind = 'spend' AND s.created_at >= ?"""
+    spent = conn.execute(spent_sql, (population_id, "")).fetchone()[0]
+    spent_since = conn.execute(spent_sql, (population_id, since)).fetchone()[0] if since else None
+    return {
+        "population_id": population_id,
+        "cap": cap,
+        "in_use": used,
+        "spent": spent,
+        "reserved_unspent": used - spent,
+        "spent_since": spent_since,
+        "remaining": None if cap is None else cap - used,
+    }
+
+
+def remaining(db: sqlite_utils.Database, population_id: str) -> float:
+    """ε still available to the population under its latest cap (0.0 when no cap is set)."""
+    state = budget(db, population_id)
+    return from_nano(state["remaining"]) if state["remaining"] is not None else 0.0

@@ -1,0 +1,290 @@
+"""The privacy officers' questions (governance.md, questions 1–9) as named, parameterised SQL.
+
+One definition serves both the ``kepsilon audit`` commands and Datasette's canned queries
+(``audit/datasette.yaml`` is generated from ``QUERIES``: ``python -m kepsilon.audit.queries``), so the
+browser and the command line cannot drift apart. ε is stored as integer nano-ε and shown divided by 1e9
+only at the end, after exact integer sums. Question 10 (chain integrity) needs hash recomputation and
+is ``kepsilon audit verify``; the ``chain_head`` query shows the head to compare with a checkpoint.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import sqlite_utils
+
+# Lexicographically comparable with the store's "YYYY-MM-DDTHH:MM:SS.ffffffZ" timestamps.
+_TWELVE_MONTHS_AGO = "strftime('%Y-%m-%dT%H:%M:%fZ', 'now', '-12 months')"
+
+
+@dataclass(frozen=True)
+class Query:
+    title: str
+    description: str
+    sql: str
+    params: tuple[str, ...] = ()
+
+
+_BUDGET = f"""
+WITH
+  cap AS (SELECT nano_epsilon AS nano FROM ledger
+          WHERE population_id = :population AND kind = 'cap' ORDER BY id DESC LIMIT 1),
+  live AS (SELECT r.id, r.nano_epsilon AS nano FROM ledger r
+           WHERE r.population_id = :population AND r.kind = 'reserve'
+             AND NOT EXISTS (SELECT 1 FROM ledger v WHERE v.reservation_id = r.id AND v.kind = 'void')),
+  spends AS (SELECT s.id, s.reservation_id, s.nano_epsilon AS nano, s.created_at FROM ledger s
+             WHERE s.population_id = :population AND s.kind = 'spend'),
+  redraws AS (SELECT s.nano FROM spends s
+              WHERE s.id > (SELECT MIN(f.id) FROM spends f WHERE f.reservation_id = s.reservation_id)),
+  totals AS (
+    SELECT (SELECT nano FROM cap) AS cap,
+           COALESCE((SELECT SUM(nano) FROM live), 0) + COALESCE((SELECT SUM(nano) FROM redraws), 0) AS in_use,
+           COALESCE((SELECT SUM(nano) FROM spends), 0) AS spent,
+           COALESCE((SELECT SUM(nano) FROM spends WHERE created_at >= {_TWELVE_MONTHS_AGO}), 0) AS spent_12m)
+SELECT :population AS population_id,
+       cap / 1e9 AS cap,
+       spent / 1e9 AS spent_lifetime,
+       spent_12m / 1e9 AS spent_last_12_months,
+       (in_use - spent) / 1e9 AS reserved_not_spent,
+       CASE WHEN cap IS NULL THEN NULL ELSE (cap - in_use) / 1e9 END AS remaining,
+       (SELECT COUNT(*) FROM ledger WHERE population_id = :population AND kind = 'cap') AS cap_entries
+FROM totals
+"""
+
+_POLICY = """
+SELECT id AS record, release_id, outcome, k, epsilon, population_id, operator, finished_at,
+       trim(CASE WHEN k < :min_k THEN 'k below policy ' ELSE '' END
+            || CASE WHEN epsilon > :max_epsilon THEN 'epsilon above policy' ELSE '' END) AS breach
+FROM releases
+WHERE k < :min_k OR epsilon > :max_epsilon
+ORDER BY id
+"""
+
+_WHO = """
+SELECT r.id AS record, r.release_id, r.outcome, r.operator, r.flow_run_id, r.started_at, r.finished_at,
+       a.approver, a.reason AS approval_reason, a.created_at AS approved_at,
+       CASE WHEN a.approver IS NULL THEN NULL
+            WHEN lower(trim(a.approver)) = lower(trim(r.operator)) THEN 'yes' ELSE 'no' END AS same_person
+FROM releases r
+LEFT JOIN approvals a ON a.release_id = r.release_id AND a.spec_hash = r.spec_hash
+WHERE r.release_id = :release
+ORDER BY r.id, a.id
+"""
+
+_PROVENANCE = """
+SELECT r.id AS record, r.release_id, r.outcome, r.source_path, r.source_sha256, r.source_rows, r.spec_hash,
+       r.kepsilon_version, r.git_commit,
+       (SELECT group_concat(package || '=' || COALESCE(version, ''), ', ')
+          FROM (SELECT package, version FROM software s WHERE s.release = r.id ORDER BY package)) AS software,
+       r.seed_commitment,
+       (SELECT group_concat(path || ' ' || COALESCE(sha256, ''), ', ')
+          FROM (SELECT path, sha256 FROM outputs o WHERE o.release = r.id ORDER BY path)) AS outputs
+FROM releases r
+WHERE r.release_id = :release
+ORDER BY r.id
+"""
+
+_IMPACT = """
+SELECT r.id AS record, r.release_id, r.outcome, r.population_id, r.source_sha256, r.kepsilon_version, r.git_commit,
+       r.finished_at,
+       (SELECT group_concat(package || '=' || COALESCE(version, ''), ', ')
+          FROM (SELECT package, version FROM software s WHERE s.release = r.id ORDER BY package)) AS software
+FROM releases r
+WHERE (:source_sha != '' AND r.source_sha256 = :source_sha)
+   OR (:version != '' AND EXISTS (
+         SELECT 1 FROM software s WHERE s.release = r.id
+            AND (s.version = :version OR s.package || '=' || s.version = :version)))
+ORDER BY r.id
+"""
+
+_RERUNS = """
+SELECT * FROM (
+  SELECT r.idempotency_key, r.id AS reservation, r.release_id, r.population_id, r.nano_epsilon / 1e9 AS epsilon,
+         r.actor AS operator, r.created_at AS reserved_at,
+         CASE WHEN v.id IS NOT NULL THEN 'voided'
+              WHEN EXISTS (SELECT 1 FROM ledger s WHERE s.reservation_id = r.id AND s.kind = 'spend') THEN 'spent'
+              ELSE 'reserved' END AS status,
+         v.reason AS void_reason,
+         (SELECT COUNT(*) FROM releases x WHERE x.idempotency_key = r.idempotency_key) AS runs,
+         (SELECT COUNT(*) FROM releases x WHERE x.idempotency_key = r.idempotency_key AND x.outcome = 'published') AS published,
+         (SELECT group_concat(outcome, ',') FROM (SELECT outcome FROM releases x
+                                                 WHERE x.idempotency_key = r.idempotency_key ORDER BY x.id)) AS outcomes
+  FROM ledger r
+  LEFT JOIN ledger v ON v.reservation_id = r.id AND v.kind = 'void'
+  WHERE r.kind = 'reserve')
+WHERE :only = 'all' OR :only = ''
+   OR (:only = 'shared' AND runs > 1)
+   OR (:only = 'unpublished' AND published = 0)
+   OR (:only = 'voided' AND status = 'voided')
+ORDER BY idempotency_key, reservation
+"""
+
+_NOISE_DRAWS = """
+WITH
+  draws AS (SELECT r.idempotency_key AS idempotency_key, MIN(r.release_id) AS release_id,
+                   MIN(r.population_id) AS population_id, COUNT(s.id) AS noise_draws,
+                   SUM(s.nano_epsilon) AS nano, group_concat(s.created_at, ', ') AS drawn_at
+            FROM ledger s JOIN ledger r ON r.id = s.reservation_id
+            WHERE s.kind = 'spend' GROUP BY r.idempotency_key),
+  seeds AS (SELECT idempotency_key, COUNT(DISTINCT seed_commitment) AS seeds FROM releases
+            WHERE seed_commitment IS NOT NULL AND idempotency_key IS NOT NULL GROUP BY idempotency_key)
+SELECT d.idempotency_key, d.release_id, d.population_id, d.noise_draws, d.nano / 1e9 AS epsilon_charged,
+       COALESCE(s.seeds, 0) AS distinct_seed_commitments, d.drawn_at
+FROM draws d LEFT JOIN seeds s ON s.idempotency_key = d.idempotency_key
+WHERE d.noise_draws > 1 OR s.seeds > 1
+ORDER BY d.idempotency_key
+"""
+
+_FAILURES = """
+SELECT * FROM (
+  SELECT r.id AS record, r.release_id, r.outcome, r.outcome_detail,
+         (SELECT group_concat(name, ', ') FROM (SELECT name FROM checks c WHERE c.release = r.id AND c.success = 0
+                                               ORDER BY c.id)) AS failed_checks,
+         COALESCE((SELECT SUM(rows_removed) FROM stage_counts sc WHERE sc.release = r.id AND sc.stage LIKE '%suppress%'),
+                  r.rows_in - r.rows_published) AS rows_suppressed,
+         r.rows_in, r.suppression_budget
+  FROM releases r)
+WHERE outcome != 'published'
+   OR failed_checks IS NOT NULL
+   OR (rows_in > 0 AND rows_suppressed > suppression_budget * rows_in)
+ORDER BY record
+"""
+
+_SCALE_BASIS = """
+SELECT id AS record, release_id, outcome, scale_basis,
+       CASE scale_basis WHEN 'diameter' THEN 'data-derived (class diameter, the paper''s method)'
+                        WHEN 'bounds' THEN 'public bounds'
+                        ELSE 'not recorded' END AS noise_scale,
+       mechanism, epsilon, population_id, finished_at
+FROM releases
+WHERE :basis = '' OR scale_basis = :basis
+ORDER BY id
+"""
+
+_UNSEALS = """
+SELECT u.id AS event, u.release_id, u.idempotency_key, u.actor, u.reason, u.created_at,
+       CASE u.verified WHEN 1 THEN 'yes' ELSE 'no' END AS commitment_verified
+FROM unseal_events u
+WHERE :release = '' OR u.release_id = :release
+ORDER BY u.id
+"""
+
+_CHAIN_HEAD = """
+SELECT (SELECT COUNT(*) FROM chain) AS entries,
+       (SELECT entry_hash FROM chain ORDER BY seq DESC LIMIT 1) AS head_hash,
+       (SELECT entry_count FROM checkpoints ORDER BY id DESC LIMIT 1) AS last_checkpoint_entries,
+       (SELECT head_hash FROM checkpoints ORDER BY id DESC LIMIT 1) AS last_checkpoint_hash,
+       (SELECT created_at FROM checkpoints ORDER BY id DESC LIMIT 1) AS last_checkpoint_at
+"""
+
+QUERIES: dict[str, Query] = {
+    "budget": Query(
+        "1. ε spent by a population, and what is left",
+        "Lifetime and last-12-months ε spent, ε reserved but not yet spent, and ε left under the latest cap.",
+        _BUDGET,
+        ("population",),
+    ),
+    "policy": Query(
+        "2. Releases outside policy",
+        "Releases with k below the minimum or ε above the maximum.",
+        _POLICY,
+        ("min_k", "max_epsilon"),
+    ),
+    "who": Query(
+        "3. Who ran and who approved a release",
+        "Operator, approvers of the same spec hash, and whether they were the same person.",
+        _WHO,
+        ("release",),
+    ),
+    "provenance": Query(
+        "4a. Source and code of a release",
+        "Source file hash and rows, spec hash, package versions and git commit, seed commitment, outputs.",
+        _PROVENANCE,
+        ("release",),
+    ),
+    "impact": Query(
+        "4b. Releases that used a source hash or a library version",
+        "Impact analysis after a bug: give a source SHA-256 and/or a version ('2.4.6' or 'numpy=2.4.6').",
+        _IMPACT,
+        ("source_sha", "version"),
+    ),
+    "reruns": Query(
+        "5. Rerun provenance",
+        "Reservations per idempotency key with their runs and outcomes; only: all, shared, unpublished, voided.",
+        _RERUNS,
+        ("only",),
+    ),
+    "noise_draws": Query(
+        "6. Noise drawn more than once for one logical release",
+        "Idempotency keys with more than one spend entry or more than one seed commitment.",
+        _NOISE_DRAWS,
+    ),
+    "failures": Query(
+        "7. Failed checks, refusals and suppression beyond budget",
+        "Releases not published, with a failed check, or with more rows suppressed than their budget allows.",
+        _FAILURES,
+    ),
+    "scale_basis": Query(
+        "8. Noise-scale basis of each release",
+        "Data-derived (class diameter) or public bounds; basis: '' for all, diameter or bounds.",
+        _SCALE_BASIS,
+        ("basis",),
+    ),
+    "unseals": Query(
+        "9. Who unsealed a seed, when and why",
+        "Every unseal event; release: '' for all.",
+        _UNSEALS,
+        ("release",),
+    ),
+    "chain_head": Query(
+        "10. Chain head and last checkpoint",
+        "Compare with the exported checkpoint file; `kepsilon audit verify` recomputes every hash.",
+        _CHAIN_HEAD,
+    ),
+}
+
+
+def run(db: sqlite_utils.Database, name: str, **params) -> list[dict]:
+    """Run one named question with its parameters (missing ones default to ''); rows as dicts."""
+    query = QUERIES[name]
+    values = {param: params.get(param, "") for param in query.params}
+    values = {key: ("" if value is None else value) for key, value in values.items()}
+    return list(db.query(query.sql, values))
+
+
+def datasette_metadata(database: str = "audit") -> dict:
+    """Datasette metadata with every question as a read-only canned query of ``database``."""
+    return {
+        "title": "kepsilon audit store",
+        "description": "Read-only view of the ε ledger and release records for privacy officers.",
+        "databases": {
+            database: {
+                "queries": {
+                    name: {"title": q.title, "description": q.description, "sql": q.sql.strip() + "\n"}
+                    for name, q in QUERIES.items()
+                }
+            }
+        },
+    }
+
+
+def datasette_yaml() -> str:
+    """The metadata as YAML text, as committed in audit/datasette.yaml."""
+    import yaml
+
+    class _Literal(str):
+        pass
+
+    def _literal(dumper, value):
+        return dumper.represent_scalar("tag:yaml.org,2002:str", value, style="|")
+
+    yaml.add_representer(_Literal, _literal, Dumper=yaml.SafeDumper)
+    metadata = datasette_metadata()
+    for query in metadata["databases"]["audit"]["queries"].values():
+        query["sql"] = _Literal(query["sql"])
+    header = "# Generated by `python -m kepsilon.audit.queries > audit/datasette.yaml`; do not edit by hand.\n"
+    return header + yaml.safe_dump(metadata, sort_keys=False, allow_unicode=True, width=120)
+
+
+if __name__ == "__main__":
+    print(datasette_yaml(), end="")

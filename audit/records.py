@@ -1,0 +1,151 @@
+"""Release records: a release's manifest normalised into queryable tables, chained, in one transaction.
+
+A manifest never holds data values (the flow builds it from counts, hashes and parameters); as a
+last line of defence any key naming a raw seed is refused, so a seed cannot land in the store in clear.
+"""
+
+from __future__ import annotations
+
+import sqlite_utils
+
+from kepsilon.tasks.errors import SpecError
+
+from .store import append, canonical_json, now, require_text, write_transaction
+
+OUTCOMES = ("published", "failed", "refused")
+
+# Scalar manifest fields copied to columns of `releases` for direct querying: column -> path in manifest.
+_RELEASE_COLUMNS = {
+    "population_id": ("population_id",),
+    "idempotency_key": ("idempotency_key",),
+    "spec_hash": ("spec_hash",),
+    "k": ("k",),
+    "epsilon": ("epsilon",),
+    "algorithm": ("algorithm",),
+    "scale_basis": ("scale_basis",),
+    "mechanism": ("mechanism",),
+    "confidence": ("confidence",),
+    "suppression_budget": ("suppression_budget",),
+    "source_path": ("source", "path"),
+    "source_sha256": ("source", "sha256"),
+    "source_rows": ("source", "rows"),
+    "rows_in": ("rows_in",),
+    "rows_published": ("rows_published",),
+    "information_loss_measured": ("information_loss", "measured"),
+    "information_loss_predicted": ("information_loss", "predicted"),
+    "linking_risk": ("linking_risk",),
+    "output_dir": ("output_dir",),
+    "seed_commitment": ("seed_commitment",),
+    "operator": ("execution", "operator"),
+    "flow_run_id": ("execution", "flow_run_id"),
+    "started_at": ("execution", "started_at"),
+    "finished_at": ("execution", "finished_at"),
+    "kepsilon_version": ("software", "kepsilon"),
+    "git_commit": ("software", "git_commit"),
+}
+
+# Manifest sections flattened into `parameters` rows (name like "epsilon_split.age").
+_PARAMETER_SECTIONS = (
+    "k",
+    "epsilon",
+    "epsilon_split",
+    "algorithm",
+    "scale_basis",
+    "mechanism",
+    "confidence",
+    "suppression_budget",
+    "hierarchies",
+    "roles",
+    "anonymiser",
+    "perturbation",
+    "privacy_unit",
+    "neighbouring_relation",
+)
+
+
+def _get(manifest: dict, path: tuple[str, ...]):
+    value = manifest
+    for part in path:
+        if not isinstance(value, dict):
+            return None
+        value = value.get(part)
+    return _scalar(value)
+
+
+def _scalar(value):
+    """A value SQLite can store in a column: numpy scalars unwrapped, containers as canonical JSON."""
+    if hasattr(value, "item") and not isinstance(value, (list, dict)):
+        value = value.item()
+    if isinstance(value, (dict, list, tuple)):
+        return canonical_json(value)
+    return value
+
+
+def _refuse_raw_seed(value, where: str = "manifest") -> None:
+    """Refuse any key that looks like a raw seed (only its commitment may be recorded)."""
+    if isinstance(value, dict):
+        for key, inner in value.items():
+            lowered = str(key).lower()
+            if "seed" in lowered and "commitment" not in lowered:
+                raise SpecError(f"{where}.{key}", "a seed may only be recorded as its commitment (seed_commitment)")
+            _refuse_raw_seed(inner, f"{where}.{key}")
+    elif isinstance(value, (list, tuple)):
+        for inner in value:
+            _refuse_raw_seed(inner, where)
+
+
+def _flatten(prefix: str, value) -> list[tuple[str, object]]:
+    """Nested dicts as dotted names; lists and scalars as one stored value each."""
+    if isinstance(value, dict):
+        items = []
+        for key in sorted(value):
+            items.extend(_flatten(f"{prefix}.{key}", value[key]))
+        return items
+    return [(prefix, _scalar(value))]
+
+
+def record_release(db: sqlite_utils.Database, manifest: dict, *, outcome: str, reservation_id: int | None) -> int:
+    """Store a release's manifest as rows of releases/parameters/checks/outputs/stage_counts/software.
+
+    Returns the new ``releases.id``. Missing keys are tolerated (failed and refused releases have
+    partial manifests); ``release_id`` is required. Everything is written, with its chain entries, in
+    one transaction: a crash leaves either the whole record or none of it.
+    """
+    if not isinstance(manifest, dict):
+        raise SpecError("manifest", "must be a mapping")
+    if outcome not in OUTCOMES:
+        raise SpecError("outcome", f"must be one of {', '.join(OUTCOMES)}")
+    release_id = require_text("manifest.release_id", manifest.get("release_id"))
+    _refuse_raw_seed(manifest)
+    row = {column: _get(manifest, path) for column, path in _RELEASE_COLUMNS.items()}
+    row.update(
+        release_id=release_id,
+        outcome=outcome,
+        outcome_detail=_scalar(manifest.get("error") or manifest.get("reason")),
+        reservation_id=reservation_id,
+        manifest=canonical_json(manifest),
+        recorded_at=now(),
+    )
+    with write_transaction(db) as conn:
+        if reservation_id is not None and not conn.execute(
+            "SELECT 1 FROM ledger WHERE id = ? AND kind = 'reserve'", (reservation_id,)
+        ).fetchone():
+            raise SpecError("reservation_id", "no such reservation")
+        release = append(conn, "releases", row)
+        for section in _PARAMETER_SECTIONS:
+            if section in manifest:
+                for name, value in _flatten(section, manifest[section]):
+                    append(conn, "parameters", {"release": release, "name": name, "value": value})
+        for check in manifest.get("checks") or []:
+            append(
+                conn,
+                "checks",
+                {"release": release, "name": str(check.get("name")), "success": int(bool(check.get("success")))},
+            )
+        for path, sha256 in (manifest.get("outputs") or {}).items():
+            append(conn, "outputs", {"release": release, "path": str(path), "sha256": _scalar(sha256)})
+        for stage, removed in (manifest.get("rows_removed") or {}).items():
+            append(conn, "stage_counts", {"release": release, "stage": str(stage), "rows_removed": _scalar(removed)})
+        for package, version in (manifest.get("software") or {}).items():
+            append(conn, "software", {"release": release, "package": str(package), "version": _scalar(version)})
+    return release

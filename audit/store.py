@@ -1,0 +1,340 @@
+"""The audit store: one SQLite file holding the ε ledger, release records, sealed seeds and approvals.
+
+Every audited table is append-only twice over: triggers refuse UPDATE and DELETE, and each inserted
+row is covered by a hash chain (``chain.py``) whose head can be exported outside the store, because
+anyone who can write the file can also drop triggers.
+
+All writes go through ``write_transaction`` (``BEGIN IMMEDIATE``), so a check and the insert it
+guards, and the chain entry that covers the insert, are one atomic step even with many processes.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import hashlib
+import json
+import os
+import sqlite3
+from collections.abc import Iterator
+from datetime import datetime, timezone
+from pathlib import Path
+
+import sqlite_utils
+from sqlite_utils.migrations import Migrations
+
+from kepsilon.tasks.errors import SpecError
+
+DEFAULT_PATH = "audit.db"
+ENV_PATH = "KEPSILON_AUDIT_DB"
+# Long enough for 16+ processes queueing on BEGIN IMMEDIATE; each transaction lasts milliseconds.
+BUSY_TIMEOUT_MS = 60_000
+
+# Tables whose rows are covered by the hash chain and protected by append-only triggers, in the
+# order they were created. ``chain`` itself is protected by triggers and verified by recomputation.
+AUDITED_TABLES = (
+    "populations",
+    "ledger",
+    "releases",
+    "parameters",
+    "checks",
+    "outputs",
+    "stage_counts",
+    "software",
+    "sealed_seeds",
+    "unseal_events",
+    "approvals",
+    "checkpoints",
+)
+PROTECTED_TABLES = AUDITED_TABLES + ("chain",)
+
+migrations = Migrations("kepsilon.audit")
+
+
+@migrations(name="0001_audit_schema")
+def _schema(db: sqlite_utils.Database) -> None:
+    """Every table of the audit store; ε is stored as integer nano-ε (exact sums, no float drift)."""
+    db.executescript(
+        """
+        CREATE TABLE populations (
+            population_id TEXT PRIMARY KEY,
+            created_at TEXT NOT NULL,
+            created_by TEXT NOT NULL
+        );
+        -- One row per event; the state of a reservation is derived from later rows, never edited.
+        CREATE TABLE ledger (
+            id INTEGER PRIMARY KEY,
+            population_id TEXT NOT NULL REFERENCES populations(population_id),
+            kind TEXT NOT NULL CHECK (kind IN ('cap', 'reserve', 'spend', 'void')),
+            nano_epsilon INTEGER NOT NULL CHECK (nano_epsilon >= 0),
+            reservation_id INTEGER REFERENCES ledger(id),
+            idempotency_key TEXT,
+            release_id TEXT,
+            actor TEXT NOT NULL,
+            reason TEXT,
+            created_at TEXT NOT NULL,
+            CHECK ((kind IN ('spend', 'void')) = (reservation_id IS NOT NULL)),
+            CHECK ((kind = 'reserve') = (idempotency_key IS NOT NULL))
+        );
+        CREATE INDEX ledger_population ON ledger(population_id, kind);
+        CREATE INDEX ledger_key ON ledger(idempotency_key);
+        CREATE INDEX ledger_reservation ON ledger(reservation_id);
+
+        CREATE TABLE releases (
+            id INTEGER PRIMARY KEY,
+            release_id TEXT NOT NULL,
+            population_id TEXT,
+            idempotency_key TEXT,
+            spec_hash TEXT,
+            outcome TEXT NOT NULL CHECK (outcome IN ('published', 'failed', 'refused')),
+            outcome_detail TEXT,
+            reservation_id INTEGER REFERENCES ledger(id),
+            k INTEGER,
+            epsilon REAL,
+            algorithm TEXT,
+            scale_basis TEXT,
+            mechanism TEXT,
+            confidence REAL,
+            suppression_budget REAL,
+            source_path TEXT,
+            source_sha256 TEXT,
+            source_rows INTEGER,
+            rows_in INTEGER,
+            rows_published INTEGER,
+            information_loss_measured REAL,
+            information_loss_predicted REAL,
+            linking_risk REAL,
+            output_dir TEXT,
+            seed_commitment TEXT,
+            operator TEXT,
+            flow_run_id TEXT,
+            started_at TEXT,
+            finished_at TEXT,
+            kepsilon_version TEXT,
+            git_commit TEXT,
+            manifest TEXT NOT NULL,
+            recorded_at TEXT NOT NULL
+        );
+        CREATE INDEX releases_release_id ON releases(release_id);
+        CREATE INDEX releases_key ON releases(idempotency_key);
+        CREATE INDEX releases_source ON releases(source_sha256);
+
+        CREATE TABLE parameters (
+            id INTEGER PRIMARY KEY,
+            release INTEGER NOT NULL REFERENCES releases(id),
+            name TEXT NOT NULL,
+            value TEXT
+        );
+        CREATE INDEX parameters_release ON parameters(release);
+        CREATE TABLE checks (
+            id INTEGER PRIMARY KEY,
+            release INTEGER NOT NULL REFERENCES releases(id),
+            name TEXT NOT NULL,
+            success INTEGER NOT NULL CHECK (success IN (0, 1))
+        );
+        CREATE INDEX checks_release ON checks(release);
+        CREATE TABLE outputs (
+            id INTEGER PRIMARY KEY,
+            release INTEGER NOT NULL REFERENCES releases(id),
+            path TEXT NOT NULL,
+            sha256 TEXT
+        );
+        CREATE INDEX outputs_release ON outputs(release);
+        CREATE TABLE stage_counts (
+            id INTEGER PRIMARY KEY,
+            release INTEGER NOT NULL REFERENCES releases(id),
+            stage TEXT NOT NULL,
+            rows_removed INTEGER
+        );
+        CREATE INDEX stage_counts_release ON stage_counts(release);
+        CREATE TABLE software (
+            id INTEGER PRIMARY KEY,
+            release INTEGER NOT NULL REFERENCES releases(id),
+            package TEXT NOT NULL,
+            version TEXT
+        );
+        CREATE INDEX software_release ON software(release);
+        CREATE INDEX software_package ON software(package, version);
+
+        -- The seed only as Fernet ciphertext; the key lives outside this file.
+        CREATE TABLE sealed_seeds (
+            id INTEGER PRIMARY KEY,
+            idempotency_key TEXT NOT NULL UNIQUE,
+            release_id TEXT NOT NULL,
+            commitment TEXT NOT NULL,
+            ciphertext BLOB NOT NULL,
+            key_fingerprint TEXT NOT NULL,
+            created_at TEXT NOT NULL
+        );
+        CREATE INDEX sealed_seeds_release ON sealed_seeds(release_id);
+        CREATE TABLE unseal_events (
+            id INTEGER PRIMARY KEY,
+            sealed_seed INTEGER NOT NULL REFERENCES sealed_seeds(id),
+            release_id TEXT NOT NULL,
+            idempotency_key TEXT NOT NULL,
+            actor TEXT NOT NULL,
+            reason TEXT NOT NULL,
+            verified INTEGER NOT NULL CHECK (verified IN (0, 1)),
+            created_at TEXT NOT NULL
+        );
+        CREATE TABLE approvals (
+            id INTEGER PRIMARY KEY,
+            release_id TEXT NOT NULL,
+            spec_hash TEXT NOT NULL,
+            approver TEXT NOT NULL,
+            reason TEXT NOT NULL,
+            created_at TEXT NOT NULL
+        );
+        CREATE INDEX approvals_release ON approvals(release_id, spec_hash);
+        CREATE TABLE checkpoints (
+            id INTEGER PRIMARY KEY,
+            path TEXT NOT NULL,
+            entry_count INTEGER NOT NULL,
+            head_hash TEXT NOT NULL,
+            created_at TEXT NOT NULL
+        );
+        -- seq is the chain position; entry_hash = SHA-256(previous entry_hash + canonical JSON of the row).
+        CREATE TABLE chain (
+            seq INTEGER PRIMARY KEY,
+            table_name TEXT NOT NULL,
+            row_id INTEGER NOT NULL,
+            entry_hash TEXT NOT NULL,
+            UNIQUE (table_name, row_id)
+        );
+        """
+    )
+    for table in PROTECTED_TABLES:
+        db.executescript(
+            f"""
+            CREATE TRIGGER {table}_no_update BEFORE UPDATE ON {table}
+            BEGIN SELECT RAISE(ABORT, 'audit table {table} is append-only: UPDATE refused'); END;
+            CREATE TRIGGER {table}_no_delete BEFORE DELETE ON {table}
+            BEGIN SELECT RAISE(ABORT, 'audit table {table} is append-only: DELETE refused'); END;
+            """
+        )
+
+
+def store_path(path: str | Path | None = None) -> Path:
+    """The store's file: ``path``, else env KEPSILON_AUDIT_DB, else ./audit.db."""
+    if path is not None:
+        return Path(path)
+    return Path(os.environ.get(ENV_PATH) or DEFAULT_PATH)
+
+
+def open_store(path: str | Path | None = None) -> sqlite_utils.Database:
+    """Open (creating if needed) the audit store with WAL, foreign keys and a busy timeout; apply migrations.
+
+    Migrations are applied under ``BEGIN IMMEDIATE``, so processes opening a fresh store at the same
+    time cannot apply the schema twice.
+    """
+    target = store_path(path)
+    if target.parent and not target.parent.exists():
+        target.parent.mkdir(parents=True, exist_ok=True)
+    conn = sqlite3.connect(str(target), timeout=BUSY_TIMEOUT_MS / 1000)
+    db = sqlite_utils.Database(conn)
+    db.execute(f"PRAGMA busy_timeout = {BUSY_TIMEOUT_MS}")
+    db.execute("PRAGMA foreign_keys = ON")
+    db.enable_wal()
+    if migrations.pending(db):
+        with write_transaction(db):
+            migrations.apply(db)
+    return db
+
+
+@contextlib.contextmanager
+def write_transaction(db: sqlite_utils.Database) -> Iterator[sqlite3.Connection]:
+    """One ``BEGIN IMMEDIATE`` transaction: the write lock is taken before anything is read.
+
+    Committed on success, rolled back on any exception. Nested use is refused: a caller holding an
+    open transaction would otherwise silently lose the atomicity this guarantees.
+    """
+    conn = db.conn
+    if conn.in_transaction:
+        raise RuntimeError("write_transaction cannot nest inside an open transaction")
+    conn.execute("BEGIN IMMEDIATE")
+    try:
+        yield conn
+    except BaseException:
+        if conn.in_transaction:
+            conn.execute("ROLLBACK")
+        raise
+    else:
+        conn.execute("COMMIT")
+
+
+def now() -> str:
+    """UTC timestamp as ``YYYY-MM-DDTHH:MM:SS.ffffffZ``: sorts as text and compares with SQLite strftime."""
+    return datetime.now(timezone.utc).strftime("%Y-%m-%dT%H:%M:%S.%fZ")
+
+
+def canonical_json(value) -> str:
+    """Deterministic JSON (sorted keys, no spaces, bytes as hex) used for hashing and stored manifests."""
+    return json.dumps(value, sort_keys=True, separators=(",", ":"), ensure_ascii=False, default=_json_default)
+
+
+def _json_default(value):
+    if isinstance(value, (bytes, bytearray, memoryview)):
+        return {"hex": bytes(value).hex()}
+    if hasattr(value, "item"):  # numpy scalars
+        return value.item()
+    if isinstance(value, Path):
+        return str(value)
+    raise TypeError(f"cannot store a value of type {type(value).__name__} in the audit store")
+
+
+def chain_hash(previous: str, content: str) -> str:
+    """SHA-256 hex of the previous entry's hash followed by this entry's canonical content."""
+    return hashlib.sha256((previous + content).encode("utf-8")).hexdigest()
+
+
+GENESIS_HASH = "0" * 64
+
+
+def row_content(conn: sqlite3.Connection, table: str, row_id: int) -> str | None:
+    """Canonical JSON of a stored row as the chain covers it, or None if the row is gone."""
+    cursor = conn.execute(f"SELECT * FROM [{table}] WHERE rowid = ?", (row_id,))
+    values = cursor.fetchone()
+    if values is None:
+        return None
+    columns = [d[0] for d in cursor.description]
+    return canonical_json({"table": table, "row": dict(zip(columns, values))})
+
+
+def append(conn: sqlite3.Connection, table: str, row: dict) -> int:
+    """Insert ``row`` into an audited table and extend the hash chain over it; returns the rowid.
+
+    Must run inside ``write_transaction`` so the chain head read here cannot change before the insert.
+    The hashed content is the row as read back from SQLite, which is exactly what ``verify_chain``
+    later recomputes from.
+    """
+    if table not in AUDITED_TABLES:
+        raise ValueError(f"{table!r} is not an audited table")
+    if not conn.in_transaction:
+        raise RuntimeError("append must run inside write_transaction")
+    columns = list(row)
+    placeholders = ", ".join("?" for _ in columns)
+    names = ", ".join(f"[{c}]" for c in columns)
+    cursor = conn.execute(f"INSERT INTO [{table}] ({names}) VALUES ({placeholders})", [row[c] for c in columns])
+    row_id = cursor.lastrowid
+    head = conn.execute("SELECT entry_hash FROM chain ORDER BY seq DESC LIMIT 1").fetchone()
+    previous = head[0] if head else GENESIS_HASH
+    entry_hash = chain_hash(previous, row_content(conn, table, row_id))
+    conn.execute(
+        "INSERT INTO chain (table_name, row_id, entry_hash) VALUES (?, ?, ?)", (table, row_id, entry_hash)
+    )
+    return row_id
+
+
+def ensure_population(conn: sqlite3.Connection, population_id: str, actor: str) -> None:
+    """Record the population on first use (inside the caller's write transaction)."""
+    if not population_id or not isinstance(population_id, str):
+        raise SpecError("population_id", "must be a non-empty string")
+    exists = conn.execute("SELECT 1 FROM populations WHERE population_id = ?", (population_id,)).fetchone()
+    if not exists:
+        append(conn, "populations", {"population_id": population_id, "created_at": now(), "created_by": actor})
+
+
+def require_text(parameter: str, value) -> str:
+    """A non-empty, stripped string parameter, or a SpecError naming it."""
+    if not isinstance(value, str) or not value.strip():
+        raise SpecError(parameter, "must be a non-empty string")
+    return value.strip()
