@@ -122,7 +122,7 @@ def _schema(db: sqlite_utils.Database) -> None:
             id INTEGER PRIMARY KEY,
             release INTEGER NOT NULL REFERENCES releases(id),
             name TEXT NOT NULL,
-            value TEXT
+            value  -- no type affinity: numbers stay numbers, lists/dicts are canonical JSON text
         );
         CREATE INDEX parameters_release ON parameters(release);
         CREATE TABLE checks (
