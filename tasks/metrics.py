@@ -15,7 +15,7 @@ import numpy as np
 
 from .errors import InputError, SpecError
 from .perturb import class_diameters, dense_class_ids
-from .suppress import class_value_keys
+from .suppress import ClassSortedValues
 
 
 def _values(name: str, values, n_rows: int | None = None) -> np.ndarray:
@@ -78,12 +78,10 @@ def linked_records(original, noisy, class_ids) -> np.ndarray:
     dense_ids, _ = dense_class_ids(class_ids, len(original))
     if not len(original):
         return np.zeros(0, dtype=bool)
-    value_keys, noisy_keys = class_value_keys(dense_ids, original, noisy)
-    order = np.argsort(value_keys, kind="stable")
-    sorted_keys = value_keys[order]
-    sorted_values = original[order]
-    sorted_classes = dense_ids[order]
-    successor = np.searchsorted(sorted_keys, noisy_keys, side="left")
+    index = ClassSortedValues(dense_ids, original)
+    sorted_values = original[index.order]
+    sorted_classes = dense_ids[index.order]
+    successor = index.position(dense_ids, noisy, inclusive=False)
     predecessor = successor - 1
     n = len(original)
     nearest = np.full(n, np.inf)

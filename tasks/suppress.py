@@ -15,9 +15,9 @@ every surviving class keeps at least k records whose interval holds ≥ k origin
 records). The rules are not iterated after removal (as in the paper), and they read the true
 values, so they are themselves not differentially private (method.md §7).
 
-``ℓ_i`` is computed for all records at once with one sort and two ``searchsorted`` calls over
-integer keys ``class·R + rank(value)`` (ranks taken jointly over originals and interval ends, so
-ties keep their order): O(n log n), nothing quadratic per class.
+``ℓ_i`` is computed for all records at once with one sort of the originals by (class, value) and
+``searchsorted`` calls for the interval ends (see :class:`ClassSortedValues`): O(n log n), nothing
+quadratic per class.
 """
 
 from dataclasses import dataclass
@@ -64,31 +64,36 @@ def confidence_radius(scales: np.ndarray, confidence: float) -> np.ndarray:
     return -scales * np.log1p(-confidence)
 
 
-def class_value_keys(dense_ids: np.ndarray, values: np.ndarray, *queries: np.ndarray) -> tuple[np.ndarray, ...]:
-    """Integer keys that sort by (class, value) for ``values`` and for each query array.
+class ClassSortedValues:
+    """Values sorted by (class, value), for exact per-class searches over all rows at once.
 
-    ``key = class·R + rank`` where ``rank`` is the position of the value among all distinct values
-    of ``values`` and the queries together (equal floats share a rank) and ``R`` the number of those
-    distinct values. Comparing keys of one class compares the floats exactly, so a single
-    ``searchsorted`` over sorted keys answers "how many values of my class are ≤ x" for every row.
+    Each value gets the integer key ``class·W + rank`` with ``rank`` its position among the distinct
+    values (``W`` = their number + 1), so sorting keys sorts by class then value, and equal floats
+    share a key. A query ``x`` of class ``c`` becomes ``c·W + searchsorted(distinct, x)``, which
+    compares with the keys of class ``c`` exactly as ``x`` compares with the floats: one
+    ``searchsorted`` in the keys answers the question for every row, whatever its class.
     """
-    pooled = np.concatenate([values, *queries])
-    distinct, ranks = np.unique(pooled, return_inverse=True)
-    width = np.int64(len(distinct))
-    n = len(values)
-    keys = []
-    for part in range(1 + len(queries)):
-        keys.append(dense_ids * width + ranks[part * n : (part + 1) * n].astype(np.int64))
-    return tuple(keys)
+
+    def __init__(self, dense_ids: np.ndarray, values: np.ndarray):
+        self.distinct, ranks = np.unique(values, return_inverse=True)
+        self.width = np.int64(len(self.distinct) + 1)
+        keys = dense_ids * self.width + ranks.astype(np.int64)
+        self.order = np.argsort(keys, kind="stable")
+        self.keys = keys[self.order]
+
+    def position(self, dense_ids: np.ndarray, bounds: np.ndarray, inclusive: bool) -> np.ndarray:
+        """Per query row: index in the sorted values of the first value of its class that is
+        ``≥ bound`` (``> bound`` if ``inclusive``), or the start of the next class if none is."""
+        ranks = np.searchsorted(self.distinct, bounds, side="right" if inclusive else "left")
+        return np.searchsorted(self.keys, dense_ids * self.width + ranks, side="left")
 
 
 def matches_within_radius(original: np.ndarray, noisy: np.ndarray, dense_ids: np.ndarray, radius: np.ndarray) -> np.ndarray:
     """``ℓ_i``: how many originals of row i's class lie in ``[noisy_i − r_i, noisy_i + r_i]``."""
-    value_keys, low_keys, high_keys = class_value_keys(dense_ids, original, noisy - radius, noisy + radius)
-    sorted_keys = np.sort(value_keys)
-    return (np.searchsorted(sorted_keys, high_keys, side="right") - np.searchsorted(sorted_keys, low_keys, side="left")).astype(
-        np.int64
-    )
+    index = ClassSortedValues(dense_ids, original)
+    at_most_high = index.position(dense_ids, noisy + radius, inclusive=True)
+    below_low = index.position(dense_ids, noisy - radius, inclusive=False)
+    return (at_most_high - below_low).astype(np.int64)
 
 
 def confidence_suppress(
