@@ -1,0 +1,231 @@
+"""`kepsilon audit …` answers the officers' questions on a store built by real API calls."""
+
+import csv
+import io
+import json
+import os
+import shutil
+
+import pytest
+from typer.testing import CliRunner
+
+import kepsilon.audit.ledger as ledger_module
+from kepsilon.audit import queries
+from kepsilon.audit.approvals import approve
+from kepsilon.audit.cli import audit_app
+from kepsilon.audit.ledger import BudgetExceeded, budget, mark_noise_drawn, reserve, set_cap, void
+from kepsilon.audit.records import record_release
+from kepsilon.audit.seeds import seal_seed, unseal_seed
+from kepsilon.audit.store import open_store
+
+runner = CliRunner()
+S1, S2 = "1" * 64, "2" * 64
+SEEDS = {key: os.urandom(32) for key in ("k1", "k2", "k3", "k4", "k7")}
+
+
+def _manifest(release_id, key, *, k=5, epsilon=0.5, basis="diameter", source=S1, numpy="2.4.6", operator="bob",
+              checks=(("k_anonymity", True),), rows_in=100, suppressed=2, suppression_budget=0.05):
+    return {
+        "release_id": release_id, "population_id": "adult", "idempotency_key": key, "spec_hash": key[-1] * 64,
+        "k": k, "epsilon": epsilon, "scale_basis": basis, "mechanism": "laplace", "algorithm": "mondrian",
+        "suppression_budget": suppression_budget, "source": {"path": "adult.csv", "sha256": source, "rows": rows_in},
+        "rows_in": rows_in, "rows_removed": {"suppression": suppressed}, "rows_published": rows_in - suppressed,
+        "checks": [{"name": n, "success": s} for n, s in checks], "outputs": {f"{release_id}.csv": "9" * 64},
+        "seed_commitment": None, "software": {"kepsilon": "0.1.0", "numpy": numpy, "git_commit": "abc123"},
+        "execution": {"flow_run_id": f"run-{release_id}", "operator": operator},
+    }
+
+
+def _release(db, release_id, key, epsilon, **manifest_args):
+    """Seal, reserve, draw noise, record: the flow's order of calls."""
+    seal_seed(db, idempotency_key=key, release_id=release_id, seed=SEEDS[key])
+    reservation = reserve(db, population_id="adult", epsilon=epsilon, idempotency_key=key, release_id=release_id, operator="bob")
+    mark_noise_drawn(db, reservation.id)
+    return reservation
+
+
+def build_store(path):
+    """Seven simulated releases of population 'adult' (cap 1.0 raised to 2.0) covering every question."""
+    db = open_store(path)
+    set_cap(db, "adult", 1.0, "alice", "initial policy")
+    set_cap(db, "adult", 2.0, "alice", "board decision 7")
+    with pytest.MonkeyPatch.context() as patch:  # R1's noise was drawn more than 12 months ago
+        patch.setattr(ledger_module, "now", lambda: "2024-01-01T00:00:00.000000Z")
+        r1 = _release(db, "R1", "k1", 0.5)
+    record_release(db, _manifest("R1", "k1"), outcome="published", reservation_id=r1.id)
+    approve(db, release_id="R1", spec_hash="1" * 64, approver="carol", reason="reviewed")
+    r2 = _release(db, "R2", "k2", 0.25)
+    record_release(db, _manifest("R2", "k2", k=3, epsilon=0.25, basis="bounds", source=S2, numpy="2.4.5"),
+                   outcome="published", reservation_id=r2.id)
+    approve(db, release_id="R2", spec_hash="2" * 64, approver="bob", reason="self-approved")
+    r3 = _release(db, "R3", "k3", 0.5)  # crashes after noise; recorded failed, then rerun
+    record_release(db, {**_manifest("R3", "k3"), "error": "publish interrupted"}, outcome="failed", reservation_id=r3.id)
+    rerun = reserve(db, population_id="adult", epsilon=0.5, idempotency_key="k3", release_id="R3", operator="bob")
+    unseal_seed(db, idempotency_key="k3", by="kepsilon-flow", reason="rerun of interrupted release")
+    mark_noise_drawn(db, rerun.id)
+    record_release(db, _manifest("R3", "k3"), outcome="published", reservation_id=rerun.id)
+    r4 = _release(db, "R4", "k4", 0.25)
+    mark_noise_drawn(db, r4.id, redraw=True)
+    record_release(db, _manifest("R4", "k4", epsilon=0.25, checks=(("k_anonymity", False), ("ranges", True))),
+                   outcome="failed", reservation_id=r4.id)
+    r6 = reserve(db, population_id="adult", epsilon=0.25, idempotency_key="k6", release_id="R6", operator="bob")
+    void(db, r6.id, "check failed before noise")
+    r7 = _release(db, "R7", "k7", 0.1)
+    record_release(db, _manifest("R7", "k7", epsilon=0.1, suppressed=10), outcome="published", reservation_id=r7.id)
+    try:
+        reserve(db, population_id="adult", epsilon=0.5, idempotency_key="k5", release_id="R5", operator="bob")
+        raise AssertionError("R5 should exceed the cap")
+    except BudgetExceeded as refused:
+        record_release(db, {"release_id": "R5", "idempotency_key": "k5", "error": str(refused)}, outcome="refused",
+                       reservation_id=None)
+    return db
+
+
+@pytest.fixture(scope="module")
+def store_path(tmp_path_factory):
+    directory = tmp_path_factory.mktemp("audit")
+    with pytest.MonkeyPatch.context() as patch:
+        patch.setenv("KEPSILON_SEED_KEY_FILE", str(directory / "seed.key"))
+        patch.delenv("KEPSILON_SEED_KEY", raising=False)
+        build_store(directory / "audit.db").close()
+    return directory / "audit.db"
+
+
+@pytest.fixture
+def writable(store_path, tmp_path, monkeypatch):
+    """A private copy of the built store for commands that write."""
+    monkeypatch.setenv("KEPSILON_SEED_KEY_FILE", str(store_path.parent / "seed.key"))
+    db = open_store(store_path)
+    db.execute("PRAGMA wal_checkpoint(TRUNCATE)")
+    db.close()
+    shutil.copy(store_path, tmp_path / "audit.db")
+    return tmp_path / "audit.db"
+
+
+def audit(path, *args):
+    result = runner.invoke(audit_app, ["--db", str(path), *args])
+    return result
+
+
+def rows(path, *args):
+    result = audit(path, *args, "--format", "json")
+    assert result.exit_code == 0, result.output
+    return json.loads(result.output)
+
+
+def test_q1_budget_lifetime_last_12_months_and_remaining(store_path):
+    # spends: R1 0.5 (2024), R2 0.25, R3 0.5, R4 0.25 + re-draw 0.25, R7 0.1; R6 voided; R5 refused.
+    assert rows(store_path, "budget", "adult") == [{
+        "population_id": "adult", "cap": 2.0, "spent_lifetime": 1.85, "spent_last_12_months": 1.35,
+        "reserved_not_spent": 0.0, "remaining": 0.15, "cap_entries": 2,
+    }]
+    db = open_store(store_path)
+    assert budget(db, "adult")["remaining"] == 150_000_000
+    db.close()
+    assert rows(store_path, "budget", "nobody")[0]["cap"] is None
+
+
+def test_q2_policy(store_path):
+    found = rows(store_path, "policy", "--min-k", "5", "--max-epsilon", "0.4")
+    assert {(r["release_id"], r["breach"]) for r in found} == {
+        ("R1", "epsilon above policy"), ("R2", "k below policy"), ("R3", "epsilon above policy"),
+    }
+    assert len(found) == 4  # R3 has two records (failed, then published)
+
+
+def test_q3_who_ran_and_approved(store_path):
+    assert [(r["operator"], r["approver"], r["same_person"]) for r in rows(store_path, "who", "R1")] == [("bob", "carol", "no")]
+    assert [(r["operator"], r["approver"], r["same_person"]) for r in rows(store_path, "who", "R2")] == [("bob", "bob", "yes")]
+    assert [r["approver"] for r in rows(store_path, "who", "R4")] == [None]
+
+
+def test_q4_provenance_and_impact(store_path):
+    (r2,) = rows(store_path, "provenance", "R2")
+    assert r2["source_sha256"] == S2 and "numpy=2.4.5" in r2["software"] and r2["git_commit"] == "abc123"
+    assert [r["release_id"] for r in rows(store_path, "impact", "--source-sha", S2)] == ["R2"]
+    assert [r["release_id"] for r in rows(store_path, "impact", "--version", "numpy=2.4.5")] == ["R2"]
+    assert {r["release_id"] for r in rows(store_path, "impact", "--version", "2.4.6")} == {"R1", "R3", "R4", "R7"}
+    assert audit(store_path, "impact").exit_code == 2
+
+
+def test_q5_reruns_unpublished_and_voided(store_path):
+    shared = rows(store_path, "reruns", "--only", "shared")
+    assert [(r["idempotency_key"], r["runs"], r["outcomes"]) for r in shared] == [("k3", 2, "failed,published")]
+    assert {r["idempotency_key"] for r in rows(store_path, "reruns", "--only", "unpublished")} == {"k4", "k6"}
+    assert [(r["idempotency_key"], r["void_reason"]) for r in rows(store_path, "reruns", "--only", "voided")] == [
+        ("k6", "check failed before noise")
+    ]
+    assert len(rows(store_path, "reruns")) == 6  # one reservation per key; the rerun of k3 reused its own
+
+
+def test_q6_noise_drawn_more_than_once(store_path):
+    (draw,) = rows(store_path, "noise-draws")
+    assert (draw["idempotency_key"], draw["noise_draws"], draw["epsilon_charged"]) == ("k4", 2, 0.5)
+
+
+def test_q7_failures(store_path):
+    found = {(r["release_id"], r["outcome"]): r for r in rows(store_path, "failures")}
+    assert set(found) == {("R3", "failed"), ("R4", "failed"), ("R5", "refused"), ("R7", "published")}
+    assert found[("R4", "failed")]["failed_checks"] == "k_anonymity"
+    assert "exceeds the remaining budget" in found[("R5", "refused")]["outcome_detail"]
+    assert found[("R7", "published")]["rows_suppressed"] == 10
+
+
+def test_q8_scale_basis(store_path):
+    assert [r["release_id"] for r in rows(store_path, "scale-basis", "--basis", "bounds")] == ["R2"]
+    data_derived = rows(store_path, "scale-basis", "--basis", "diameter")
+    assert len(data_derived) == 5 and all(r["noise_scale"].startswith("data-derived") for r in data_derived)
+
+
+def test_q9_unseals(store_path):
+    assert [(r["release_id"], r["actor"], r["reason"], r["commitment_verified"]) for r in rows(store_path, "unseals")] == [
+        ("R3", "kepsilon-flow", "rerun of interrupted release", "yes")
+    ]
+
+
+def test_q10_verify_checkpoint_and_tamper(writable, tmp_path):
+    assert rows(writable, "verify")[0]["ok"] is True
+    checkpoint = tmp_path / "head.json"
+    result = audit(writable, "checkpoint", str(checkpoint))
+    assert result.exit_code == 0 and checkpoint.exists()
+    assert rows(writable, "verify", "--checkpoint", str(checkpoint))[0]["ok"] is True
+    db = open_store(writable)
+    db.execute("DROP TRIGGER checks_no_update")
+    db.execute("UPDATE checks SET success = 1")
+    db.close()
+    result = audit(writable, "verify", "--checkpoint", str(checkpoint), "--format", "json")
+    assert result.exit_code == 1
+    problems = [r["problem"] for r in json.loads(result.output)]
+    assert any("does not match its hash" in p for p in problems) and any("UPDATE is missing" in p for p in problems)
+
+
+def test_set_cap_and_approve_commands_write_attributed_entries(writable):
+    assert audit(writable, "set-cap", "adult", "3", "--by", "alice", "--reason", "board 8").exit_code == 0
+    assert rows(writable, "budget", "adult")[0]["remaining"] == 1.15
+    assert audit(writable, "approve", "R4", "--spec-hash", "4" * 64, "--by", "carol", "--reason", "ok").exit_code == 0
+    assert [r["approver"] for r in rows(writable, "who", "R4")] == ["carol"]
+    bad = audit(writable, "approve", "R4", "--spec-hash", "nothex", "--by", "carol", "--reason", "ok")
+    assert bad.exit_code == 2 and "spec_hash" in bad.output
+
+
+def test_unseal_writes_the_seed_to_a_file_not_stdout(writable, tmp_path):
+    out = tmp_path / "seed.hex"
+    result = audit(writable, "unseal", "R1", "--by", "erin", "--reason", "incident 3", "--out", str(out))
+    assert result.exit_code == 0, result.output
+    assert out.read_text().strip() == SEEDS["k1"].hex() and SEEDS["k1"].hex() not in result.output
+    assert oct(out.stat().st_mode & 0o777) == "0o600"
+    assert rows(writable, "unseals", "--release", "R1")[0]["actor"] == "erin"
+
+
+def test_table_and_csv_formats(store_path):
+    table = audit(store_path, "who", "R1")
+    assert table.exit_code == 0 and "Who ran" in table.output and "carol" in table.output
+    parsed = list(csv.DictReader(io.StringIO(audit(store_path, "unseals", "--format", "csv").output)))
+    assert parsed[0]["actor"] == "kepsilon-flow"
+
+
+def test_datasette_metadata_is_generated_from_the_same_queries():
+    from pathlib import Path
+
+    committed = Path(__file__).resolve().parents[1] / "audit" / "datasette.yaml"
+    assert committed.read_text(encoding="utf-8") == queries.datasette_yaml()
