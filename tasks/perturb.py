@@ -75,11 +75,16 @@ def release_generators(seed: bytes) -> tuple[np.random.Generator, np.random.Gene
 
     Two independent child streams of one ``SeedSequence`` so that the noise does not depend on how
     many draws the shuffle makes, and vice versa. Same seed ⇒ byte-identical release.
+
+    Each generator is keyed with 256 bits drawn from its child sequence rather than with the child
+    itself: a child ``SeedSequence`` keeps the parent's entropy, i.e. the seed, and prints it in its
+    repr (``rng.bit_generator.seed_seq``), so a logged generator would leak the seed.
     """
     if not isinstance(seed, (bytes, bytearray)) or len(seed) != SEED_BYTES:
         raise SpecError("seed", f"must be exactly {SEED_BYTES} bytes")
-    noise_seq, shuffle_seq = np.random.SeedSequence(int.from_bytes(bytes(seed), "big")).spawn(2)
-    return np.random.Generator(np.random.PCG64(noise_seq)), np.random.Generator(np.random.PCG64(shuffle_seq))
+    children = np.random.SeedSequence(int.from_bytes(bytes(seed), "big")).spawn(2)
+    noise, shuffle = (np.random.Generator(np.random.PCG64(child.generate_state(4, np.uint64))) for child in children)
+    return noise, shuffle
 
 
 @dataclass

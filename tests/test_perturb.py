@@ -58,6 +58,28 @@ def test_measured_error_converges_to_predicted_over_30_seeds(people, epsilon):
     assert predicted > 0
 
 
+def test_measured_error_converges_to_predicted_on_mondrian_classes(people):
+    """The paper's set-up: Mondrian classes (k = 10) on the sample, ε = 1, 30 seeds."""
+    k_anonymise = pytest.importorskip("kepsilon.tasks.k_anonymise")
+    from kepsilon.tasks.hierarchy import load_hierarchy
+
+    frame, _ = people
+    columns = ["YOB", "GENDER", "RACE", "MARITAL_STATUS"]
+    hierarchies = {c: load_hierarchy(PEOPLE.parent / "hierarchies" / f"{c}.csv", c) for c in columns}
+    partition = k_anonymise.mondrian(frame, columns, 10, hierarchies)
+    kept = frame[partition.kept]
+    class_ids = partition.class_ids[partition.kept]
+    predicted = predicted_relative_error(kept["HEIGHT"], class_ids, 1.0)
+    measured = [
+        measured_relative_error(
+            kept["HEIGHT"],
+            perturb(kept, class_ids, [quasi("HEIGHT")], {"HEIGHT": 1.0}, "diameter", noise_rng(seed)).frame["HEIGHT"],
+        )
+        for seed in range(30)
+    ]
+    assert np.mean(measured) == pytest.approx(predicted, rel=0.02)
+
+
 @pytest.mark.parametrize("diameter", [0.05, 3.0, 250.0])
 def test_noise_is_laplace_with_scale_diameter_over_epsilon(diameter):
     frame = one_class(6000, 100.0, diameter)
@@ -154,6 +176,10 @@ def test_seed_generators_are_deterministic_and_independent():
     assert np.array_equal(shuffle_a.permutation(50), shuffle_b.permutation(50))
     noise_c, shuffle_c = release_generators(seed)
     assert not np.array_equal(noise_c.random(5), shuffle_c.random(5))
+    seed_number = str(int.from_bytes(seed, "big"))
+    for generator in (noise_c, shuffle_c):
+        assert seed_number not in repr(generator.bit_generator.seed_seq)
+        assert seed_number not in repr(generator.bit_generator.state)
     for bad in (b"short", seed + b"x", "a" * SEED_BYTES):
         with pytest.raises(SpecError) as caught:
             release_generators(bad)
