@@ -26,7 +26,7 @@ from .approvals import approve as record_approval
 from .chain import verify_chain, write_checkpoint
 from .ledger import set_cap as record_cap
 from .seeds import unseal_seed
-from .store import open_store
+from .store import open_store, store_path
 
 audit_app = typer.Typer(help="Query and maintain the audit store (ε ledger, releases, seeds, approvals).", no_args_is_help=True)
 
@@ -63,8 +63,12 @@ def _main(
     ctx.obj = {"db": db}
 
 
-def _store(ctx: typer.Context):
-    return open_store(ctx.obj.get("db") if ctx.obj else None)
+def _store(ctx: typer.Context, *, create: bool = False):
+    """Open the store; read-only questions refuse a missing file rather than create an empty store."""
+    path = store_path(ctx.obj.get("db") if ctx.obj else None)
+    if not create and not path.exists():
+        _fail(KepsilonError(f"no audit store at {str(path)!r} (use --db or env KEPSILON_AUDIT_DB)"))
+    return open_store(path)
 
 
 def _emit(rows: list[dict], fmt: Format, title: str) -> None:
@@ -230,7 +234,7 @@ def set_cap(
     reason: Annotated[str, typer.Option(help="why")],
 ) -> None:
     """Set POPULATION's lifetime ε cap to CAP (a new attributed ledger entry; never an edit)."""
-    db = _store(ctx)
+    db = _store(ctx, create=True)
     try:
         entry = record_cap(db, population, cap, by, reason)
     except KepsilonError as error:
@@ -249,7 +253,7 @@ def approve(
     reason: Annotated[str, typer.Option(help="why")],
 ) -> None:
     """Approve RELEASE as specified by --spec-hash (two-person rule)."""
-    db = _store(ctx)
+    db = _store(ctx, create=True)
     try:
         entry = record_approval(db, release_id=release, spec_hash=spec_hash, approver=by, reason=reason)
     except KepsilonError as error:

@@ -217,6 +217,14 @@ def test_unseal_writes_the_seed_to_a_file_not_stdout(writable, tmp_path):
     assert rows(writable, "unseals", "--release", "R1")[0]["actor"] == "erin"
 
 
+def test_read_commands_refuse_a_missing_store_and_set_cap_creates_one(tmp_path):
+    missing = tmp_path / "nowhere.db"
+    result = audit(missing, "budget", "adult")
+    assert result.exit_code == 2 and "no audit store" in result.output and not missing.exists()
+    assert audit(missing, "set-cap", "adult", "0.3", "--by", "alice", "--reason", "first").exit_code == 0
+    assert rows(missing, "budget", "adult")[0]["remaining"] == 0.3
+
+
 def test_table_and_csv_formats(store_path):
     table = audit(store_path, "who", "R1")
     assert table.exit_code == 0 and "Who ran" in table.output and "carol" in table.output

@@ -207,3 +207,22 @@ def test_racing_processes_never_overspend(tmp_path):
     ok, problems = verify_chain(store)
     assert ok, problems
     store.close()
+
+
+def _open_fresh(path, barrier, results):
+    barrier.wait()
+    store = open_store(path)
+    results.put(store.execute("SELECT COUNT(*) FROM _sqlite_migrations").fetchone()[0])
+    store.close()
+
+
+def test_processes_opening_a_fresh_store_together_apply_the_schema_once(tmp_path):
+    context = mp.get_context("fork")
+    barrier, results = context.Barrier(PROCESSES), context.Queue()
+    workers = [context.Process(target=_open_fresh, args=(tmp_path / "fresh.db", barrier, results)) for _ in range(PROCESSES)]
+    for worker in workers:
+        worker.start()
+    counts = [results.get(timeout=60) for _ in workers]
+    for worker in workers:
+        worker.join(timeout=60)
+    assert counts == [1] * PROCESSES
