@@ -46,9 +46,11 @@ from dataclasses import dataclass
 
 import numpy as np
 import pandas as pd
+from prefect import task
+from prefect.cache_policies import NO_CACHE
 
 from .errors import InputError, SpecError
-from .hierarchy import Hierarchy, categorical_precision, lowest_common_levels
+from .hierarchy import Hierarchy, categorical_precision, load_hierarchy, lowest_common_levels
 
 ALGORITHM = "mondrian"
 
@@ -132,8 +134,9 @@ def mondrian(frame: pd.DataFrame, columns: list[str], k: int, hierarchies: dict[
     Returns a ``Partition`` whose report holds: algorithm, k, rows, kept_rows, suppressed_rows,
     n_classes, smallest_class, largest_class, mean_class_size, precision (per column, the mean over
     records of the information loss: level/(h-1) for hierarchies, interval width / attribute range for
-    numbers, (set size-1)/(distinct values-1) for sets; 0 = exact, 1 = fully generalised) and
-    generalisation (per column, a summary without any data value).
+    numbers, (set size-1)/(distinct values-1) for sets; 0 = exact, 1 = fully generalised),
+    generalisation (per column, a summary without any data value) and hierarchies (column → SHA-256
+    of the hierarchy file used).
 
     Raises SpecError ('k', 'columns') for a bad parameter, InputError for a missing column, an empty
     frame, missing or non-finite values, HierarchyError for a value that is not a leaf of its hierarchy.
@@ -161,6 +164,7 @@ def mondrian(frame: pd.DataFrame, columns: list[str], k: int, hierarchies: dict[
         "mean_class_size": float(classes.sizes.mean()),
         "precision": precision,
         "generalisation": generalisation,
+        "hierarchies": {d.name: d.hierarchy.sha256 for d in dimensions if d.hierarchy is not None},
     }
     return Partition(
         class_ids=classes.ids,
@@ -527,3 +531,31 @@ def _release_set(dimension: _Dimension, classes: _Classes, j: int):
         "max_set_size": int(set_sizes.max()),
     }
     return labels, loss, summary
+
+
+# --- Prefect task (thin wrapper; the functions above know nothing of Prefect) -----------------
+
+
+def load_hierarchies(spec) -> dict[str, Hierarchy]:
+    """The spec's hierarchies by column, for the k-quasis that declare one."""
+    return {q.column: load_hierarchy(q.hierarchy, q.column) for q in spec.roles.k_quasi if q.hierarchy}
+
+
+def k_anonymise(frame: pd.DataFrame, spec) -> Partition:
+    """Partition the records with the spec's algorithm (Mondrian or OLA); hierarchy hashes go in the report."""
+    hierarchies = load_hierarchies(spec)
+    columns = [q.column for q in spec.roles.k_quasi]
+    if spec.algorithm == "ola":
+        from .ola import ola  # OLA returns this module's Partition; imported here to avoid a cycle
+
+        partition = ola(frame, columns, spec.k, hierarchies, spec.suppression_budget, spec.ola_metric)
+    else:
+        partition = mondrian(frame, columns, spec.k, hierarchies)
+    partition.report["hierarchies"] = {column: h.sha256 for column, h in hierarchies.items()}
+    return partition
+
+
+@task(name="k-anonymise", cache_policy=NO_CACHE, persist_result=False)
+def k_anonymise_records(frame: pd.DataFrame, spec) -> Partition:
+    """Prefect task: generalise the k-quasis until every class has at least k records."""
+    return k_anonymise(frame, spec)
