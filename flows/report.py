@@ -22,8 +22,8 @@ def summary_rows(manifest: dict) -> list[dict]:
     rows += [(f"removed: {stage}", count) for stage, count in manifest.get("rows_removed", {}).items()]
     rows += [
         ("records published", manifest.get("rows_published")),
-        ("equivalence classes", manifest.get("classes", {}).get("count")),
-        ("smallest class", manifest.get("classes", {}).get("smallest")),
+        ("equivalence classes", manifest.get("classes", {}).get("n_classes")),
+        ("smallest class", manifest.get("classes", {}).get("smallest_class")),
         ("relative error, measured", _percent(loss.get("measured"))),
         ("relative error, predicted", _percent(loss.get("predicted"))),
         ("linking risk", _percent(manifest.get("linking_risk"))),

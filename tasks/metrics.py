@@ -12,6 +12,9 @@ import math
 from typing import Any
 
 import numpy as np
+import pandas as pd
+from prefect import task
+from prefect.cache_policies import NO_CACHE
 
 from .errors import InputError, SpecError
 from .perturb import class_diameters, dense_class_ids
@@ -125,3 +128,70 @@ def class_statistics(class_ids, n_suppressed: int) -> dict[str, Any]:
         "prosecutor_risk_mean": float(n_classes / n_kept) if n_kept else 0.0,
         "prosecutor_risk_max": float(1.0 / sizes.min()) if n_classes else 0.0,
     }
+
+
+def e_quasi_metrics(original, noisy, class_ids, published, epsilon: float, bounds_width: float | None, column: str) -> dict:
+    """Loss and risk figures of one ε-quasi.
+
+    Errors are over every perturbed record (the population the formula predicts); linking risk over
+    the published records only, since suppression exists to remove the linkable ones. Zero values,
+    for which relative error is undefined, are left out of the error figures and counted instead of
+    failing a release whose noise is already drawn. With public bounds the predicted error is
+    ``(upper − lower)/ε`` times the mean of ``1/|v|`` (the same formula with the bounds as diameter).
+    """
+    nonzero = original != 0
+    v, v_noisy, ids = original[nonzero], noisy[nonzero], class_ids[nonzero]
+    if bounds_width is None:
+        predicted = predicted_relative_error(v, ids, epsilon, column)
+    else:
+        predicted = float(bounds_width / epsilon * np.mean(1 / np.abs(v))) if len(v) else 0.0
+    return {
+        "measured_relative_error": measured_relative_error(v, v_noisy, column),
+        "predicted_relative_error": predicted,
+        "linking_risk": linking_risk(original[published], noisy[published], class_ids[published]),
+        "zero_values_excluded": int((~nonzero).sum()),
+    }
+
+
+def release_metrics(original: pd.DataFrame, noisy: pd.DataFrame, class_ids: np.ndarray, partition, suppression, spec) -> dict:
+    """The manifest's outcome figures: rows removed per stage, loss, risk and class statistics.
+
+    ``original`` and ``noisy`` hold the records the anonymiser kept, aligned with ``class_ids``.
+    """
+    published = ~suppression.removed
+    per_column = {}
+    for quasi in spec.roles.e_quasi:
+        width = (quasi.upper - quasi.lower) if spec.scale_basis == "bounds" else None
+        per_column[quasi.column] = e_quasi_metrics(
+            original[quasi.column].to_numpy(dtype=np.float64),
+            noisy[quasi.column].to_numpy(dtype=np.float64),
+            class_ids,
+            published,
+            spec.epsilon_split()[quasi.column],
+            width,
+            quasi.column,
+        )
+    rows_removed = {
+        "anonymiser_suppression": int((~partition.kept).sum()),
+        "confidence_suppression_record_rule": int(suppression.record_rule.sum()),
+        "confidence_suppression_class_rule": int(suppression.class_rule.sum()),
+    }
+    columns = per_column.values()
+    return {
+        "rows_removed": rows_removed,
+        "rows_published": int(published.sum()),
+        "information_loss": {
+            "measured": float(np.mean([c["measured_relative_error"] for c in columns])) if columns else 0.0,
+            "predicted": float(np.mean([c["predicted_relative_error"] for c in columns])) if columns else 0.0,
+            "per_column": per_column,
+            "k_quasi_precision": partition.report.get("precision"),
+        },
+        "linking_risk": max((c["linking_risk"] for c in columns), default=0.0),
+        "classes": class_statistics(class_ids[published], sum(rows_removed.values())),
+    }
+
+
+@task(name="metrics", cache_policy=NO_CACHE, persist_result=False)
+def measure_release(original: pd.DataFrame, noisy: pd.DataFrame, class_ids: np.ndarray, partition, suppression, spec) -> dict:
+    """Prefect task: information loss, linking risk and class statistics of the release."""
+    return release_metrics(original, noisy, class_ids, partition, suppression, spec)

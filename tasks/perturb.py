@@ -56,6 +56,8 @@ from typing import Any, Literal, Sequence
 
 import numpy as np
 import pandas as pd
+from prefect import task
+from prefect.cache_policies import NO_CACHE
 
 from .errors import InputError, SpecError
 
@@ -275,3 +277,35 @@ def perturb(
         "columns": columns_report,
     }
     return PerturbResult(frame=out, scales=scales, report=report)
+
+
+# --- Prefect task (thin wrapper; the functions above know nothing of Prefect) -----------------
+
+
+@dataclass
+class PerturbOutcome:
+    """What the perturb stage hands on: noisy records, scales, the release order; never the seed."""
+
+    frame: pd.DataFrame = field(repr=False)
+    scales: dict[str, np.ndarray] = field(repr=False)
+    order: np.ndarray = field(repr=False)  # the published order of the records (a permutation)
+    report: dict[str, Any]
+    seed_commitment: str
+
+
+@task(name="perturb", cache_policy=NO_CACHE, persist_result=False)
+def perturb_records(frame: pd.DataFrame, class_ids: np.ndarray, spec, key: str, reservation_id: int, store: str):
+    """Prefect task: draw the release's noise from its escrowed seed and charge the ε as spent.
+
+    The seed is sealed in the audit store before use and lives only inside this task. Caching and
+    result persistence are off: a cached result would return the *same* noise for another release.
+    """
+    from kepsilon.tasks.record import escrowed_seed, mark_spent
+
+    seed, commitment = escrowed_seed(store, key, spec.release_id, new_seed)
+    noise_rng, shuffle_rng = release_generators(seed)
+    del seed
+    mark_spent(store, reservation_id)
+    result = perturb(frame, class_ids, spec.roles.e_quasi, spec.epsilon_split(), spec.scale_basis, noise_rng)
+    order = shuffle_rng.permutation(len(frame))
+    return PerturbOutcome(result.frame, result.scales, order, result.report, commitment)

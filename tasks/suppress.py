@@ -24,6 +24,9 @@ from dataclasses import dataclass
 from typing import Any, Mapping
 
 import numpy as np
+import pandas as pd
+from prefect import task
+from prefect.cache_policies import NO_CACHE
 
 from .errors import SpecError
 from .perturb import dense_class_ids
@@ -190,3 +193,20 @@ def confidence_suppress_columns(
         "columns": per_column,
     }
     return SuppressionResult(record_rule=record_rule, class_rule=class_rule, removed=removed, report=report)
+
+
+# --- Prefect task (thin wrapper; the functions above know nothing of Prefect) -----------------
+
+
+@task(name="suppress", cache_policy=NO_CACHE, persist_result=False)
+def suppress_linkable(original: pd.DataFrame, noisy: pd.DataFrame, class_ids: np.ndarray, scales: dict, spec):
+    """Prefect task: c-confident suppression over the spec's ε-quasis."""
+    columns = [quasi.column for quasi in spec.roles.e_quasi]
+    return confidence_suppress_columns(
+        {c: original[c].to_numpy(dtype=np.float64) for c in columns},
+        {c: noisy[c].to_numpy(dtype=np.float64) for c in columns},
+        class_ids,
+        {c: scales[c] for c in columns},
+        spec.k,
+        spec.confidence,
+    )

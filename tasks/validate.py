@@ -32,6 +32,8 @@ from typing import Any, ClassVar
 
 import numpy as np
 import pandas as pd
+from prefect import task
+from prefect.cache_policies import NO_CACHE
 
 # Offline machines: GE otherwise tries to send usage statistics on import and on every run.
 os.environ.setdefault("GX_ANALYTICS_ENABLED", "false")
@@ -344,3 +346,22 @@ def _raised(exception_info) -> bool:
     if "raised_exception" in exception_info:
         return bool(exception_info["raised_exception"])
     return any(_raised(info) for info in exception_info.values() if isinstance(info, dict))
+
+
+# --- Prefect task (thin wrapper; the functions above know nothing of Prefect) -----------------
+
+
+@task(name="validate", cache_policy=NO_CACHE, persist_result=False)
+def check_release(published: pd.DataFrame, spec, rows_in: int, rows_removed: int) -> ValidationReport:
+    """Prefect task: the release gate. Its report holds check names and booleans only."""
+    roles = spec.roles.names()
+    return validate_release(
+        published,
+        k_quasi=roles["k_quasi"],
+        e_quasi=roles["e_quasi"],
+        explicit=roles["explicit"],
+        k=spec.k,
+        rows_in=rows_in,
+        rows_removed=rows_removed,
+        suppression_budget=spec.suppression_budget,
+    )

@@ -1,0 +1,87 @@
+"""Record: the release's dealings with the audit store — approval, ε reservation, the final record.
+
+These tasks are the only place the flow touches the store. Each opens its own connection from the
+store's path (a connection is not something to pass between tasks, and the path keeps the tasks
+runnable on another worker). A refusal (no approval, budget exhausted) and a failed release are
+recorded too, so officers can see what was attempted, not only what was published.
+"""
+
+import os
+from pathlib import Path
+
+from prefect import task
+from prefect.cache_policies import NO_CACHE
+
+from kepsilon.audit.approvals import ApprovalMissing, require_approval
+from kepsilon.audit.ledger import BudgetExceeded, Reservation, mark_noise_drawn, reserve
+from kepsilon.audit.records import record_release
+from kepsilon.audit.seeds import find_sealed_seed, seal_seed, seed_commitment, unseal_seed
+from kepsilon.audit.store import open_store
+from kepsilon.flows.spec import ReleaseSpec
+
+
+def store_location() -> str:
+    """The audit store's path: ``KEPSILON_AUDIT_DB`` or ``./audit.db``, made absolute for workers."""
+    return str(Path(os.environ.get("KEPSILON_AUDIT_DB", "audit.db")).resolve())
+
+
+@task(name="check-approval", cache_policy=NO_CACHE, persist_result=False)
+def check_approval(spec: ReleaseSpec, operator: str, store: str, manifest: dict) -> dict | None:
+    """Two-person rule: when the spec requires it, refuse without an approval by someone else."""
+    if not spec.approval_required:
+        return None
+    db = open_store(store)
+    try:
+        approval = require_approval(db, release_id=spec.release_id, spec_hash=spec.spec_hash(), operator=operator)
+    except ApprovalMissing:
+        record_release(db, {**manifest, "refusal": "approval missing"}, outcome="refused", reservation_id=None)
+        raise
+    return {"approver": approval["approver"], "approved_at": approval.get("created_at")}
+
+
+@task(name="reserve-epsilon", cache_policy=NO_CACHE, persist_result=False)
+def reserve_epsilon(spec: ReleaseSpec, key: str, operator: str, store: str, manifest: dict) -> Reservation:
+    """Reserve the release's ε against its population's cap before any noise is drawn.
+
+    Over the cap, the release is recorded as refused and stops here. A rerun of the same logical
+    release (same idempotency key) gets its existing reservation back and spends nothing more.
+    """
+    db = open_store(store)
+    try:
+        return reserve(
+            db,
+            population_id=spec.population_id,
+            epsilon=spec.epsilon,
+            idempotency_key=key,
+            release_id=spec.release_id,
+            operator=operator,
+        )
+    except BudgetExceeded as refusal:
+        record_release(db, {**manifest, "refusal": str(refusal)}, outcome="refused", reservation_id=None)
+        raise
+
+
+@task(name="record", cache_policy=NO_CACHE, persist_result=False)
+def record_outcome(manifest: dict, outcome: str, reservation_id: int | None, store: str) -> int:
+    """Append the release's record and its hash-chain entry: 'published', or 'failed' after a reservation."""
+    return record_release(open_store(store), manifest, outcome=outcome, reservation_id=reservation_id)
+
+
+def escrowed_seed(store: str, key: str, release_id: str, fresh_seed) -> tuple[bytes, str]:
+    """The release's seed and its commitment: the sealed one for this logical release if there is one,
+    otherwise ``fresh_seed()``, sealed in the store *before* it is used.
+
+    Re-deriving the noise from the sealed seed on a rerun means no second noise draw: the rerun's
+    output is byte-identical and spends nothing more. The unseal is recorded like an officer's.
+    """
+    db = open_store(store)
+    if find_sealed_seed(db, key) is not None:
+        seed = unseal_seed(db, idempotency_key=key, by="kepsilon-flow", reason="rerun of interrupted release")
+        return seed, seed_commitment(seed)
+    seed = fresh_seed()
+    return seed, seal_seed(db, idempotency_key=key, release_id=release_id, seed=seed)
+
+
+def mark_spent(store: str, reservation_id: int) -> None:
+    """ε counts as spent from the moment noise is drawn (idempotent for a rerun of the same release)."""
+    mark_noise_drawn(open_store(store), reservation_id)

@@ -1,0 +1,110 @@
+"""The governed-release flow end to end, under Prefect's test harness.
+
+Every assertion is made on what a user would see: the published files (k checked by an independent
+group count), the manifest, and the audit store.
+"""
+
+import json
+from pathlib import Path
+
+import pandas as pd
+import pytest
+from prefect.testing.utilities import prefect_test_harness
+
+from kepsilon.audit.ledger import remaining, set_cap
+from kepsilon.audit.store import open_store
+from kepsilon.flows.release import governed_release
+from kepsilon.flows.spec import parse_spec
+from kepsilon.tasks.errors import InputError, ValidationFailed
+
+pytestmark = pytest.mark.flow
+
+
+@pytest.fixture(scope="module", autouse=True)
+def prefect_harness():
+    with prefect_test_harness(server_startup_timeout=120):
+        yield
+
+
+@pytest.fixture
+def store(tmp_path, monkeypatch):
+    """A fresh audit store with a cap of 5 for the test population, and a seed key outside it."""
+    path = tmp_path / "audit.db"
+    monkeypatch.setenv("KEPSILON_AUDIT_DB", str(path))
+    monkeypatch.setenv("KEPSILON_SEED_KEY_FILE", str(tmp_path / "keys" / "seed.key"))
+    monkeypatch.delenv("KEPSILON_DEFAULT_CAP", raising=False)
+    db = open_store(path)
+    set_cap(db, "test-population", 5.0, by="test-officer", reason="test cap")
+    return db
+
+
+def released(spec_dict: dict) -> tuple[dict, pd.DataFrame]:
+    directory = f"{spec_dict['output_dir']}/{spec_dict['release_id']}"
+    manifest = json.loads(open(f"{directory}/manifest.json").read())
+    return manifest, pd.read_csv(f"{directory}/data.csv")
+
+
+def test_release_is_published_k_anonymous_and_recorded(store, synthetic_spec_dict):
+    manifest = governed_release(parse_spec(synthetic_spec_dict))
+    published_manifest, data = released(synthetic_spec_dict)
+
+    k_quasis = ["YOB", "GENDER", "RACE", "MARITAL_STATUS"]
+    assert data.groupby(k_quasis).size().min() >= 10  # independent group count on the published file
+    assert list(data.columns) == ["YOB", "GENDER", "RACE", "RELIGION", "MARITAL_STATUS", "ICD", "HEIGHT"]
+    assert len(data) == manifest["rows_published"] == published_manifest["rows_published"]
+    assert manifest["rows_in"] - sum(manifest["rows_removed"].values()) == len(data)
+    assert all(check["success"] for check in published_manifest["checks"])
+    assert published_manifest["roles"]["explicit"] == ["ID", "NAME", "SURNAME", "EMAIL", "ZIP", "WEIGHT"]
+    assert len(published_manifest["seed_commitment"]) == 64
+    assert published_manifest["execution"]["flow_run_id"]
+    # Shuffled: the published order is not the grouped order Mondrian produces.
+    assert not data["YOB"].is_monotonic_increasing
+
+    releases = list(store["releases"].rows)
+    assert [(r["release_id"], r["outcome"]) for r in releases] == [("test-release", "published")]
+    assert remaining(store, "test-population") == pytest.approx(4.0)
+
+
+def test_a_rerun_spends_nothing_more_and_publishes_identical_bytes(store, synthetic_spec_dict):
+    governed_release(parse_spec(synthetic_spec_dict))
+    directory = f"{synthetic_spec_dict['output_dir']}/test-release"
+    first = open(f"{directory}/data.csv", "rb").read()
+    governed_release(parse_spec({**synthetic_spec_dict, "operator": "someone-else"}))
+    assert open(f"{directory}/data.csv", "rb").read() == first
+    assert remaining(store, "test-population") == pytest.approx(4.0)
+
+
+def test_a_failing_check_publishes_nothing_and_records_the_failure(store, synthetic_spec_dict):
+    # A suppression budget of zero: confidence suppression at a small ε removes some records, so the
+    # suppression check must fail after the noise is drawn.
+    spec = parse_spec({**synthetic_spec_dict, "epsilon": 0.05, "k": 50, "suppression_budget": 0.0})
+    with pytest.raises(ValidationFailed, match="suppression_within_budget"):
+        governed_release(spec)
+    assert not (Path(synthetic_spec_dict["output_dir"]) / "test-release").exists()
+    (record,) = list(store["releases"].rows)
+    assert record["outcome"] == "failed"
+    checks = {row["name"]: row["success"] for row in store["checks"].rows}
+    assert checks["suppression_within_budget"] in (0, False)
+    # Noise was drawn, so the ε counts as spent.
+    assert remaining(store, "test-population") == pytest.approx(5.0 - 0.05)
+
+
+def test_over_the_cap_is_refused_before_noise_and_publishes_nothing(store, synthetic_spec_dict):
+    with pytest.raises(Exception, match="test-population"):
+        governed_release(parse_spec({**synthetic_spec_dict, "epsilon": 6.0}))
+    assert not (Path(synthetic_spec_dict["output_dir"]) / "test-release").exists()
+    assert [r["outcome"] for r in store["releases"].rows] == ["refused"]
+    assert store["sealed_seeds"].count == 0
+    assert remaining(store, "test-population") == pytest.approx(5.0)
+
+
+def test_bad_input_spends_nothing(store, synthetic_spec_dict, tmp_path):
+    source = tmp_path / "bad.csv"
+    text = open(synthetic_spec_dict["source"]["path"]).read().splitlines()
+    text[5] = text[5].rsplit(";", 2)[0] + ";tall;70.1"  # a non-numeric HEIGHT
+    source.write_text("\n".join(text) + "\n")
+    spec = parse_spec({**synthetic_spec_dict, "source": {"path": str(source), "delimiter": ";"}})
+    with pytest.raises(InputError, match="'HEIGHT'"):
+        governed_release(spec)
+    assert remaining(store, "test-population") == pytest.approx(5.0)
+    assert store["releases"].count == 0
