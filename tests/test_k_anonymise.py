@@ -176,6 +176,20 @@ def test_no_class_can_be_cut_at_its_median_on_adult(adult, adult_partition):
     assert splittable_columns(keys, adult_partition.class_ids, 5) == []
 
 
+def test_many_wide_numeric_columns():
+    # 6 columns of ~3,000 distinct values each: almost every row is its own tuple, and the tuples'
+    # combined mixed-radix key exceeds int64 (the code re-densifies it part-way).
+    rng = np.random.default_rng(3)
+    frame = pd.DataFrame(rng.normal(size=(3000, 6)).round(4), columns=list("abcdef"), index=np.arange(3000) * 7)
+    partition = mondrian(frame, list("abcdef"), 5, {})
+    assert_valid_partition(partition, frame, list("abcdef"), 5)
+    for column in "abcdef":
+        low, high = parse_ranges(partition.released[column])
+        assert ((low <= frame[column]) & (frame[column] <= high)).all()
+    keys = {column: frame[column].to_numpy() for column in "abcdef"}
+    assert splittable_columns(keys, partition.class_ids, 5) == []
+
+
 # --- hand-built tables with known classes -------------------------------------------------------------------
 
 
