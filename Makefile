@@ -12,7 +12,7 @@ export PREFECT_SERVER_EPHEMERAL_STARTUP_TIMEOUT_SECONDS := 120
 export GX_ANALYTICS_ENABLED := false
 export DO_NOT_TRACK := 1
 
-.PHONY: install demo test bench clean
+.PHONY: install demo test bench serve deployment-check audit-ui audit-ui-check clean
 
 install: $(VENV)/.installed
 
@@ -33,6 +33,22 @@ test: install
 ## bench: stage timings, written to benchmarks/results.json
 bench: install
 	$(BIN)/python -m benchmarks.run
+
+## serve: local Prefect server with its UI (http://127.0.0.1:4200), the deployments, and a worker
+serve: install
+	deployments/serve.sh
+
+## deployment-check: a deployment run with changed k and ε completes on a throw-away local server
+deployment-check: install
+	$(BIN)/python deployments/check_deployment.py
+
+## audit-ui: read-only Datasette over the audit store, officers' questions as canned queries (port 8001)
+audit-ui: install
+	$(BIN)/datasette serve $${KEPSILON_AUDIT_DB:-audit.db} --metadata audit/datasette.yaml --host 127.0.0.1 --port 8001
+
+## audit-ui-check: the canned queries rendered in headless Chromium (needs Debian's chromium)
+audit-ui-check: install
+	$(BIN)/python scripts/audit_ui_check.py
 
 clean:
 	rm -rf out .prefect audit.db audit.db-wal audit.db-shm

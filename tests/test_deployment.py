@@ -1,0 +1,24 @@
+"""The scripted deployment check, run as a test: a real local Prefect server, a process work pool, a
+worker, and a run of the nightly deployment with k and ε changed as an operator would from the UI."""
+
+import subprocess
+import sys
+
+import pytest
+
+from .conftest import ROOT
+
+pytestmark = pytest.mark.server
+
+
+def test_a_deployment_run_with_changed_parameters_completes():
+    result = subprocess.run(
+        [sys.executable, str(ROOT / "deployments" / "check_deployment.py"), "--k", "7", "--epsilon", "0.5"],
+        capture_output=True,
+        text=True,
+        timeout=600,
+    )
+    assert result.returncode == 0, result.stdout + result.stderr
+    assert "FAIL" not in result.stdout
+    assert "PASS  published file is 7-anonymous" in result.stdout
+    assert "PASS  manifest records the changed k=7" in result.stdout
