@@ -23,8 +23,9 @@ $(VENV)/.installed: pyproject.toml constraints.txt
 	touch $@
 
 ## demo: anonymise the bundled sample (data/paper-synthetic) and publish it under out/
+## A population without a cap gets KEPSILON_DEFAULT_CAP (10 here), recorded as set by 'kepsilon-default'.
 demo: install
-	$(BIN)/kepsilon release releases/paper-synthetic.yaml
+	KEPSILON_DEFAULT_CAP=$${KEPSILON_DEFAULT_CAP:-10} $(BIN)/kepsilon release releases/paper-synthetic.yaml
 
 ## test: the whole test suite
 test: install
