@@ -18,19 +18,28 @@ Why the search is exact although it groups only a fraction of the nodes:
   stays inside a class of size >= k and the suppressed set can only shrink. Hence a generalisation
   of a k-anonymous node is k-anonymous, and a specialisation of a node that is not is not either;
   one grouping tags a whole up-set or down-set of the lattice ("predictive tagging").
-* ``precision`` depends on the node only and strictly increases along generalisation: it is
-  computed for every node in closed form and the best k-anonymous node is read off the tags.
+* Every metric comes with a lower bound per node that never decreases along generalisation:
+  ``precision`` is its own bound (it depends on the node only, computed for all nodes in closed
+  form); for ``loss`` the loss as if nothing were suppressed (closed form per node); for
+  ``discernibility`` the sum of squared class sizes, ignoring suppression, of any grouped
+  specialisation (merging classes only increases it). A node whose bound cannot beat the best
+  k-anonymous node found so far is neither tagged nor scored, nor is anything above it.
 * ``loss`` and ``discernibility`` charge suppressed records, and un-suppressing records by
   generalising can *lower* them, so they are NOT monotone (example for discernibility: merging a
   suppressed singleton into a kept class of size s changes the cost by 2s + 1 - n < 0 when
-  n > 2s + 1). The optimum is therefore not always a minimal k-anonymous node. The search stays
-  exact by branch and bound over all k-anonymous nodes with monotone lower bounds: the loss without
-  suppression for ``loss`` (closed form per node) and, for ``discernibility``, the sum of squared
-  class sizes without suppression of any grouped specialisation (merging classes only increases it).
-  Nodes are scored in increasing order of bound and the search stops when no bound can beat the best.
+  n > 2s + 1). Their optimum need not be a minimal k-anonymous node, so after tagging every
+  k-anonymous node that could still win is scored, in increasing order of bound, until no bound can
+  beat the best score (branch and bound). ``precision`` strictly increases along generalisation,
+  so for it that step ends at once.
+
+Speed: records are reduced to their distinct k-quasi tuples (weighted by count) once; a node is
+grouped by one mixed-radix integer key over per-level label codes, and a node is grouped from the
+classes of its smallest already-grouped specialisation when one is cached ("roll-up"), which holds
+far fewer rows than the data.
 """
 
 import math
+from collections.abc import Mapping
 from dataclasses import dataclass
 
 import numpy as np
@@ -161,7 +170,7 @@ def _check_parameters(frame: pd.DataFrame, columns, k, suppression_budget, metri
 
 def _hierarchy_for(column: str, hierarchies: dict[str, Hierarchy]) -> Hierarchy:
     """The column's hierarchy, refused unless nested (monotone tagging relies on nesting)."""
-    hierarchy = hierarchies.get(column) if isinstance(hierarchies, dict) else None
+    hierarchy = hierarchies.get(column) if isinstance(hierarchies, Mapping) else None
     if hierarchy is None:
         raise HierarchyError(column, "k-quasi has no generalisation hierarchy")
     for level in range(hierarchy.height - 1):
@@ -619,14 +628,7 @@ def _materialise(frame, columns, hierarchies, leaf_codes, records, evaluator, no
         class_ids[kept] = dense_of_unique[inverse.ravel()]
     released = pd.DataFrame(
         {
-            column: pd.Series(
-                # Suppressed rows get the most general label so no small-class label is ever in memory
-                # for publishing by mistake; they must still be dropped using ``kept``.
-                np.where(kept, h.labels[level][leaf_codes[:, c]], h.labels[h.height - 1][leaf_codes[:, c]]),
-                index=frame.index,
-                name=column,
-                dtype=str,
-            )
+            column: _released_labels(h, level, leaf_codes[:, c], kept, frame.index, column)
             for c, (column, h, level) in enumerate(zip(columns, hierarchies, node))
         },
         index=frame.index,
@@ -651,3 +653,15 @@ def _materialise(frame, columns, hierarchies, leaf_codes, records, evaluator, no
         },
     }
     return Partition(class_ids=class_ids, released=released, kept=kept, report=report)
+
+
+def _released_labels(hierarchy: Hierarchy, level: int, leaf_codes: np.ndarray, kept: np.ndarray, index, name):
+    """Labels at ``level`` for kept rows and the most general label for suppressed rows, as strings.
+
+    Suppressed rows still get a label so the frame is complete, but never one of a small class:
+    nothing identifying stays in memory for a careless publisher; they must be dropped by ``kept``.
+    Built by one take from the per-leaf label table, not by converting a string per record.
+    """
+    table = pd.array(np.concatenate([hierarchy.labels[level], hierarchy.labels[hierarchy.height - 1]]), dtype="str")
+    rows = leaf_codes + np.where(kept, 0, len(hierarchy.leaves))
+    return pd.Series(table.take(rows), index=index, name=name)
