@@ -21,8 +21,8 @@ Why the search is exact although it groups only a fraction of the nodes:
 * Every metric comes with a lower bound per node that never decreases along generalisation:
   ``precision`` is its own bound (it depends on the node only, computed for all nodes in closed
   form); for ``loss`` the loss as if nothing were suppressed (closed form per node); for
-  ``discernibility`` the sum of squared class sizes, ignoring suppression, of any grouped
-  specialisation (merging classes only increases it). A node whose bound cannot beat the best
+  ``discernibility`` the sum over records of max(class size, k) at any grouped specialisation
+  (a record's class only grows, a kept class has >= k records, a suppressed record costs n). A node whose bound cannot beat the best
   k-anonymous node found so far is neither tagged nor scored, nor is anything above it.
 * ``loss`` and ``discernibility`` charge suppressed records, and un-suppressing records by
   generalising can *lower* them, so they are NOT monotone (example for discernibility: merging a
@@ -279,7 +279,7 @@ class _NodeStats:
     suppressed: int  # records in classes smaller than k
     kept_classes: int
     kept_sum_of_squares: int  # sum over kept classes of |ec|^2
-    all_sum_of_squares: int  # the same over all classes, as if nothing were suppressed
+    discernibility_floor: int  # sum over records of max(class size, k): bounds every generalisation
     suppressed_cost_excess: float  # sum over suppressed records of (1 - generalised cost), all columns
 
 
@@ -383,7 +383,7 @@ class _NodeEvaluator:
             suppressed=int(sizes[small].sum()),
             kept_classes=int(np.count_nonzero(~small)),
             kept_sum_of_squares=int(squares[~small].sum()),
-            all_sum_of_squares=int(squares.sum()),
+            discernibility_floor=int((sizes * np.maximum(sizes, self.k)).sum()),
             suppressed_cost_excess=excess,
         )
         self._stats[node] = stats
@@ -460,11 +460,12 @@ class _Objective:
         return stats.kept_sum_of_squares + self.n * stats.suppressed
 
     def learn(self, node: tuple[int, ...], stats: _NodeStats) -> None:
-        """Tighten the bound with a grouped node: for discernibility, every generalisation of it has at
-        least its sum of squared class sizes (merging classes only increases the sum)."""
+        """Tighten the bound with a grouped node M: for discernibility, every generalisation N of M has
+        ``DM(N) >= sum over records r of max(|ec_M(r)|, k)``, because r's class in N contains its
+        class in M and is kept only if it has >= k records, and a suppressed record costs n >= both."""
         if self.metric == "discernibility":
             up = _Lattice.generalisations(node)
-            np.maximum(self.bound[up], stats.all_sum_of_squares, out=self.bound[up])
+            np.maximum(self.bound[up], stats.discernibility_floor, out=self.bound[up])
 
     def value(self, score) -> int | float:
         return int(score) if self.metric == "discernibility" else float(score)
