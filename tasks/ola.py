@@ -41,12 +41,16 @@ far fewer rows than the data.
 import math
 from collections.abc import Mapping
 from dataclasses import dataclass
+from typing import TYPE_CHECKING
 
 import numpy as np
 import pandas as pd
 
 from .errors import HierarchyError, InputError, SpecError
 from .hierarchy import Hierarchy
+
+if TYPE_CHECKING:  # imported lazily at run time: k_anonymise also carries Prefect task wrappers
+    from .k_anonymise import Partition
 
 METRICS = ("precision", "loss", "discernibility")
 
@@ -66,10 +70,10 @@ def ola(
     frame: pd.DataFrame,
     columns: list[str],
     k: int,
-    hierarchies: dict[str, Hierarchy],
+    hierarchies: Mapping[str, Hierarchy],
     suppression_budget: float,
     metric: str = "precision",
-):
+) -> "Partition":
     """k-anonymise ``columns`` of ``frame`` by the optimal full-domain generalisation.
 
     Parameters: ``columns`` the k-quasis (each needs ``hierarchies[column]``, nested: every label of
@@ -615,7 +619,7 @@ def _materialise(frame, columns, hierarchies, leaf_codes, records, evaluator, no
 
     Class ids are numbered by the first row of each class, as Mondrian numbers them.
     """
-    from .k_anonymise import Partition  # the result type shared with Mondrian
+    from .k_anonymise import Partition  # the result type shared with Mondrian (see the top import)
 
     class_of_tuple, classes = evaluator.group(node, evaluator.all_tuples)
     sizes = classes.sizes
