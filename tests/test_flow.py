@@ -108,3 +108,26 @@ def test_bad_input_spends_nothing(store, synthetic_spec_dict, tmp_path):
         governed_release(spec)
     assert remaining(store, "test-population") == pytest.approx(5.0)
     assert store["releases"].count == 0
+
+
+def test_an_ola_release_records_its_node_and_counts_its_suppression(store, tmp_path):
+    from kepsilon.flows.spec import load_spec
+
+    from .conftest import ROOT
+
+    set_cap(store, "uci-adult", 5.0, by="test-officer", reason="test cap")
+    spec = load_spec(
+        ROOT / "releases" / "adult.yaml", algorithm="ola", release_id="adult-ola", output_dir=str(tmp_path / "out")
+    )
+    manifest = governed_release(spec)
+    data = pd.read_csv(tmp_path / "out" / "adult-ola" / "data.csv")
+
+    k_quasis = ["sex", "race", "marital-status", "education"]
+    assert data.groupby(k_quasis).size().min() >= 5
+    anonymiser = manifest["anonymiser"]
+    assert anonymiser["algorithm"] == "ola" and anonymiser["metric"] == "precision"
+    assert set(anonymiser["node"]) == set(k_quasis) and anonymiser["nodes_evaluated"] >= 1
+    removed = manifest["rows_removed"]
+    assert removed["anonymiser_suppression"] == anonymiser["suppressed_rows"] > 0
+    assert sum(removed.values()) <= 0.05 * manifest["rows_in"]
+    assert len(data) == manifest["rows_in"] - sum(removed.values())
