@@ -13,6 +13,7 @@ from datetime import datetime, timezone
 from prefect import flow, get_run_logger
 from prefect.runtime import flow_run
 
+from kepsilon.faults import fault_point
 from kepsilon.flows.manifest import base_manifest, idempotency_key
 from kepsilon.flows.report import publish_report_artifacts
 from kepsilon.flows.spec import ReleaseSpec
@@ -59,6 +60,7 @@ def governed_release(spec: ReleaseSpec) -> dict:
     manifest["approval"] = approval
     reservation = reserve_epsilon(spec, key, operator, store, manifest)
     manifest["budget"] = {"reservation_id": reservation.id, "epsilon_reserved": spec.epsilon, "reused": reservation.reused}
+    fault_point("after-reservation")
 
     try:
         manifest = _perturb_check_publish(spec, key, table, partition, reservation, store, manifest)
@@ -67,6 +69,7 @@ def governed_release(spec: ReleaseSpec) -> dict:
         manifest["failure"] = str(failure)
         record_outcome(manifest, "failed", reservation.id, store)
         raise
+    fault_point("before-audit-commit")
     record_outcome(manifest, "published", reservation.id, store)
     publish_report_artifacts(manifest)
     logger.info("release %s published: %d records", spec.release_id, manifest["rows_published"])

@@ -59,6 +59,8 @@ import pandas as pd
 from prefect import task
 from prefect.cache_policies import NO_CACHE
 
+from kepsilon.faults import fault_point
+
 from .errors import InputError, SpecError
 
 SEED_BYTES = 32
@@ -308,4 +310,5 @@ def perturb_records(frame: pd.DataFrame, class_ids: np.ndarray, spec, key: str, 
     mark_spent(store, reservation_id)
     result = perturb(frame, class_ids, spec.roles.e_quasi, spec.epsilon_split(), spec.scale_basis, noise_rng)
     order = shuffle_rng.permutation(len(frame))
+    fault_point("after-noise")
     return PerturbOutcome(result.frame, result.scales, order, result.report, commitment)

@@ -23,6 +23,8 @@ import pandas as pd
 from prefect import task
 from prefect.cache_policies import NO_CACHE
 
+from kepsilon.faults import fault_point
+
 from .errors import KepsilonError
 
 DATA_CSV = "data.csv"
@@ -97,6 +99,7 @@ def write_atomically(path: Path, content: bytes) -> str:
             handle.write(content)
             handle.flush()
             os.fsync(handle.fileno())
+        fault_point("after-staging")
         os.replace(temporary, path)
     except BaseException:
         Path(temporary).unlink(missing_ok=True)
@@ -121,6 +124,7 @@ def publish(frame: pd.DataFrame, manifest: dict, output_dir: str | Path) -> Publ
         DATA_CSV: write_atomically(directory / DATA_CSV, csv_bytes(frame)),
         DATA_PARQUET: write_atomically(directory / DATA_PARQUET, parquet_bytes(frame)),
     }
+    fault_point("before-manifest")
     complete = {**manifest, "outputs": outputs, "output_dir": str(directory)}
     write_atomically(directory / MANIFEST, manifest_bytes(complete))
     return Publication(directory=directory, outputs=outputs)
