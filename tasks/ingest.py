@@ -11,6 +11,8 @@ from dataclasses import dataclass
 from pathlib import Path
 
 import pandas as pd
+import pyarrow as pa
+from pyarrow import csv as arrow_csv
 from prefect import task
 from prefect.cache_policies import NO_CACHE
 
@@ -36,7 +38,8 @@ def read_source(source: SourceSpec) -> SourceTable:
     """Read the source file named by the spec; refuse what cannot be released safely.
 
     Refused with an ``InputError``: a missing or unreadable file, non-UTF-8 text, a CSV whose rows
-    have more fields than the header, duplicate column names, an empty table.
+    have more or fewer fields than the header (e.g. a truncated file), duplicate column names, an
+    empty table.
     """
     path = Path(source.path)
     try:
@@ -62,7 +65,7 @@ def _parse_csv(raw: bytes, source: SourceSpec) -> pd.DataFrame:
     names = header if header is not None else list(source.columns or [])
     _refuse_duplicates(names)
     try:
-        return pd.read_csv(
+        frame = pd.read_csv(
             io.StringIO(text),
             sep=source.delimiter,
             header=None,
@@ -76,6 +79,37 @@ def _parse_csv(raw: bytes, source: SourceSpec) -> pd.DataFrame:
         raise InputError(None, f"malformed CSV: {exc}".strip()) from None
     except pd.errors.EmptyDataError:
         raise InputError(None, "the table has no records") from None
+    _refuse_short_records(raw, source, names)
+    return frame
+
+
+def _refuse_short_records(raw: bytes, source: SourceSpec, names: list[str]) -> None:
+    """Refuse records with fewer fields than the header.
+
+    pandas pads a short record with NaN without a word, so a truncated file (last record cut
+    mid-field) would be released with a shortened value; pyarrow's parser reports such rows.
+    """
+    short: list[int | None] = []
+
+    def note(row) -> str:
+        if row.actual_columns < row.expected_columns:
+            short.append(row.number)
+        return "skip"
+
+    try:
+        arrow_csv.read_csv(
+            io.BytesIO(raw),
+            read_options=arrow_csv.ReadOptions(column_names=names, skip_rows=1 if source.header else 0, use_threads=False),
+            parse_options=arrow_csv.ParseOptions(delimiter=source.delimiter, newlines_in_values=True, invalid_row_handler=note),
+            convert_options=arrow_csv.ConvertOptions(column_types={name: pa.string() for name in names}),
+        )
+    except pa.ArrowInvalid:
+        return  # pandas has already parsed the file; its verdict stands
+    if short:
+        where = f" (first at line {short[0]})" if short[0] is not None else ""
+        raise InputError(
+            None, f"{len(short)} record(s) have fewer fields than the header{where}; the file may be truncated"
+        )
 
 
 def _header(text: str, delimiter: str) -> list[str]:
