@@ -127,7 +127,18 @@ def publish(frame: pd.DataFrame, manifest: dict, output_dir: str | Path) -> Publ
     fault_point("before-manifest")
     complete = {**manifest, "outputs": outputs, "output_dir": str(directory)}
     write_atomically(directory / MANIFEST, manifest_bytes(complete))
+    remove_stale_temporaries(directory)
     return Publication(directory=directory, outputs=outputs)
+
+
+def remove_stale_temporaries(directory: Path) -> None:
+    """Delete temp files a crashed earlier attempt left behind (hidden, but a full copy of the data).
+
+    Runs only once the release is complete: its files are in place, so no temp file is still needed.
+    """
+    for name in (DATA_CSV, DATA_PARQUET, MANIFEST):
+        for stale in directory.glob(f".{name}.*.tmp"):
+            stale.unlink(missing_ok=True)
 
 
 def manifest_bytes(manifest: dict) -> bytes:
