@@ -5,6 +5,7 @@ group count), the manifest, and the audit store.
 """
 
 import json
+import shutil
 from pathlib import Path
 
 import pandas as pd
@@ -65,13 +66,37 @@ def test_release_is_published_k_anonymous_and_recorded(store, synthetic_spec_dic
     assert remaining(store, "test-population") == pytest.approx(4.0)
 
 
-def test_a_rerun_spends_nothing_more_and_publishes_identical_bytes(store, synthetic_spec_dict):
+def test_a_rerun_re_derives_identical_bytes_from_the_sealed_seed_and_spends_nothing(store, synthetic_spec_dict):
     governed_release(parse_spec(synthetic_spec_dict))
-    directory = f"{synthetic_spec_dict['output_dir']}/test-release"
-    first = open(f"{directory}/data.csv", "rb").read()
+    directory = Path(synthetic_spec_dict["output_dir"]) / "test-release"
+    first = {name: (directory / name).read_bytes() for name in ["data.csv", "data.parquet"]}
+    shutil.rmtree(directory)  # the rerun must rebuild the files, not find them
+
     governed_release(parse_spec({**synthetic_spec_dict, "operator": "someone-else"}))
-    assert open(f"{directory}/data.csv", "rb").read() == first
+    assert {name: (directory / name).read_bytes() for name in first} == first
     assert remaining(store, "test-population") == pytest.approx(4.0)
+    spends = [row for row in store["ledger"].rows if row["kind"] == "spend"]
+    assert len(spends) == 1  # noise drawn once for the logical release
+    (unseal,) = list(store["unseal_events"].rows)
+    assert unseal["actor"] == "kepsilon-flow" and "rerun" in unseal["reason"] and unseal["verified"] == 1
+
+
+def test_two_person_rule(store, synthetic_spec_dict):
+    from kepsilon.audit.approvals import ApprovalMissing, approve
+
+    spec = parse_spec({**synthetic_spec_dict, "approval_required": True, "operator": "alice"})
+    with pytest.raises(ApprovalMissing):
+        governed_release(spec)
+    approve(store, release_id="test-release", spec_hash=spec.spec_hash(), approver="alice", reason="self")
+    with pytest.raises(ApprovalMissing):
+        governed_release(spec)
+    assert not (Path(synthetic_spec_dict["output_dir"]) / "test-release").exists()
+    assert remaining(store, "test-population") == pytest.approx(5.0)
+
+    approve(store, release_id="test-release", spec_hash=spec.spec_hash(), approver="bob", reason="reviewed")
+    manifest = governed_release(spec)
+    assert manifest["approval"]["approver"] == "bob"
+    assert [r["outcome"] for r in store["releases"].rows] == ["refused", "refused", "published"]
 
 
 def test_a_failing_check_publishes_nothing_and_records_the_failure(store, synthetic_spec_dict):
