@@ -141,7 +141,7 @@ def mondrian(frame: pd.DataFrame, columns: list[str], k: int, hierarchies: dict[
     Raises SpecError ('k', 'columns') for a bad parameter, InputError for a missing column, an empty
     frame, missing or non-finite values, HierarchyError for a value that is not a leaf of its hierarchy.
     """
-    _check_parameters(frame, columns, k)
+    check_anonymiser_parameters(frame, columns, k)
     dimensions = [_encode(frame[column], hierarchies.get(column)) for column in columns]
     classes = _split_into_classes(dimensions, k)
 
@@ -174,13 +174,16 @@ def mondrian(frame: pd.DataFrame, columns: list[str], k: int, hierarchies: dict[
     )
 
 
-def _check_parameters(frame: pd.DataFrame, columns: list[str], k: int) -> None:
-    """Refuse a bad k, an empty or duplicated column list, an unknown column and an empty frame."""
+def check_anonymiser_parameters(frame: pd.DataFrame, columns: list[str], k: int) -> None:
+    """Refuse a bad k, an empty or duplicated column list, an unknown column and an empty frame.
+
+    Shared by Mondrian and OLA: both take the same table, k-quasis and k.
+    """
     if isinstance(k, (bool, np.bool_)) or not isinstance(k, (int, np.integer)):
         raise SpecError("k", "must be an integer")
     if k < 2:
         raise SpecError("k", "must be at least 2 (k = 1 anonymises nothing)")
-    if isinstance(columns, str) or len(columns) == 0:
+    if isinstance(columns, str) or not isinstance(columns, (list, tuple)) or len(columns) == 0:
         raise SpecError("columns", "needs a non-empty list of k-quasi column names")
     if len(set(columns)) != len(columns):
         raise SpecError("columns", "lists a column more than once")

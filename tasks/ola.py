@@ -149,19 +149,9 @@ def ola(
 
 def _check_parameters(frame: pd.DataFrame, columns, k, suppression_budget, metric) -> None:
     """Refuse bad parameters before touching the data; errors name the parameter or column."""
-    if isinstance(columns, str) or not isinstance(columns, (list, tuple)) or not columns:
-        raise SpecError("columns", "must be a non-empty list of k-quasi column names")
-    if len(set(columns)) != len(columns):
-        raise SpecError("columns", "lists a column more than once")
-    for column in columns:
-        if column not in frame.columns:
-            raise InputError(column, "k-quasi column is not in the data")
-    if isinstance(k, bool) or not isinstance(k, (int, np.integer)):
-        raise SpecError("k", "must be an integer")
-    if k < 2:
-        raise SpecError("k", "must be at least 2")
-    if k > len(frame):
-        raise SpecError("k", f"is larger than the number of records ({len(frame)})")
+    from .k_anonymise import check_anonymiser_parameters  # k_anonymise imports Prefect; keep OLA's import light
+
+    check_anonymiser_parameters(frame, columns, k)
     if (
         isinstance(suppression_budget, bool)
         or not isinstance(suppression_budget, (int, float, np.integer, np.floating))
