@@ -12,7 +12,7 @@ export PREFECT_SERVER_EPHEMERAL_STARTUP_TIMEOUT_SECONDS := 120
 export GX_ANALYTICS_ENABLED := false
 export DO_NOT_TRACK := 1
 
-.PHONY: install demo test bench serve deployment-check audit-ui audit-ui-check clean
+.PHONY: install demo test bench serve deployment-check audit-ui audit-ui-check clean reliability
 
 install: $(VENV)/.installed
 
@@ -50,6 +50,10 @@ audit-ui: install
 ## audit-ui-check: the canned queries rendered in headless Chromium (needs Debian's chromium)
 audit-ui-check: install
 	$(BIN)/python scripts/audit_ui_check.py
+
+## reliability: faults, races, bad input, leaks, tampering, noise; writes reliability/report.md
+reliability: install
+	$(BIN)/python -m reliability.run
 
 clean:
 	rm -rf out .prefect audit.db audit.db-wal audit.db-shm

@@ -1,0 +1,1 @@
+"""Reliability and security suite: faults, races, bad input, leaks, tampering, noise (``make reliability``)."""

@@ -1,0 +1,222 @@
+"""Shared machinery: a real local Prefect server, release specs in a scratch folder, CLI runs, audit reads.
+
+Every scenario runs the real ``kepsilon`` command as a subprocess (or, for the leak test, the real
+flow in a subprocess) against one local Prefect server, so a run costs its own work, not a server
+start-up each time.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import hashlib
+import json
+import os
+import signal
+import socket
+import sqlite3
+import subprocess
+import sys
+import tempfile
+import time
+import urllib.request
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Iterator
+
+import yaml
+
+ROOT = Path(__file__).resolve().parent.parent
+BIN = Path(sys.executable).parent
+SYNTHETIC = ROOT / "data" / "paper-synthetic"
+POPULATION = "reliability-people"
+
+
+@dataclass
+class Check:
+    """One reliability assertion and its outcome; ``detail`` never holds a data value."""
+
+    category: str
+    name: str
+    ok: bool
+    detail: str = ""
+
+
+@dataclass
+class Results:
+    """The checks of a run, and the counts the report quotes."""
+
+    checks: list[Check] = field(default_factory=list)
+    counts: dict[str, str] = field(default_factory=dict)
+
+    def add(self, category: str, name: str, ok: bool, detail: str = "") -> bool:
+        self.checks.append(Check(category, name, bool(ok), detail))
+        return bool(ok)
+
+    def failed(self) -> list[Check]:
+        return [c for c in self.checks if not c.ok]
+
+
+def free_port() -> int:
+    with socket.socket() as probe:
+        probe.bind(("127.0.0.1", 0))
+        return probe.getsockname()[1]
+
+
+def _wait_healthy(api_url: str, seconds: float = 120) -> None:
+    deadline = time.monotonic() + seconds
+    while time.monotonic() < deadline:
+        try:
+            with urllib.request.urlopen(f"{api_url}/health", timeout=2) as response:
+                if response.status == 200:
+                    return
+        except OSError:
+            time.sleep(0.5)
+    raise RuntimeError(f"Prefect server at {api_url} did not become healthy in {seconds:.0f} s")
+
+
+@contextlib.contextmanager
+def prefect_server(home: Path) -> Iterator[dict]:
+    """A real local Prefect server with its own PREFECT_HOME; yields the env a client needs."""
+    home.mkdir(parents=True, exist_ok=True)
+    port = free_port()
+    env = {
+        **os.environ,
+        "PREFECT_HOME": str(home),
+        "PREFECT_API_URL": f"http://127.0.0.1:{port}/api",
+        "PREFECT_SERVER_ANALYTICS_ENABLED": "false",
+        "PREFECT_RESULTS_PERSIST_BY_DEFAULT": "false",
+        "DO_NOT_TRACK": "1",
+    }
+    env.pop("KEPSILON_FAULT_AT", None)
+    log = open(home / "server.log", "wb")
+    server = subprocess.Popen(
+        [str(BIN / "prefect"), "server", "start", "--host", "127.0.0.1", "--port", str(port)],
+        cwd=home, env=env, stdout=log, stderr=subprocess.STDOUT, start_new_session=True,
+    )
+    try:
+        _wait_healthy(env["PREFECT_API_URL"])
+        yield env
+    finally:
+        if server.poll() is None:
+            server.send_signal(signal.SIGINT)
+            try:
+                server.wait(timeout=30)
+            except subprocess.TimeoutExpired:
+                server.kill()
+                server.wait()
+        log.close()
+
+
+def spec_dict(work: Path, release_id: str, **overrides) -> dict:
+    """The paper-synthetic release with absolute paths, publishing under ``work/out``."""
+    hierarchies = SYNTHETIC / "hierarchies"
+    spec = {
+        "release_id": release_id,
+        "population_id": POPULATION,
+        "source": {"path": str(SYNTHETIC / "people.csv"), "delimiter": ";"},
+        "roles": {
+            "explicit": ["ID", "NAME", "SURNAME", "EMAIL", "ZIP", "WEIGHT"],
+            "k_quasi": [
+                {"column": c, "hierarchy": str(hierarchies / f"{c}.csv")} for c in ["YOB", "GENDER", "RACE", "MARITAL_STATUS"]
+            ],
+            "e_quasi": [{"column": "HEIGHT", "lower": 130, "upper": 210}],
+            "sensitive": ["RELIGION", "ICD"],
+        },
+        "k": 10,
+        "epsilon": 1.0,
+        "algorithm": "mondrian",
+        "scale_basis": "diameter",
+        "confidence": 0.99,
+        "suppression_budget": 0.05,
+        "output_dir": str(work / "out"),
+        "operator": "reliability",
+    }
+    spec.update(overrides)
+    return spec
+
+
+def write_spec(work: Path, spec: dict, name: str | None = None) -> Path:
+    path = work / f"{name or spec.get('release_id', 'spec')}.yaml"
+    path.write_text(yaml.safe_dump(spec, sort_keys=False, allow_unicode=True), encoding="utf-8")
+    return path
+
+
+def store_env(env: dict, work: Path) -> dict:
+    """``env`` with this scratch folder's audit store and seed key file."""
+    return {**env, "KEPSILON_AUDIT_DB": str(work / "audit.db"), "KEPSILON_SEED_KEY_FILE": str(work / "seed.key")}
+
+
+def kepsilon(args: list[str], env: dict, cwd: Path, fault: str | None = None, timeout: float = 600) -> subprocess.CompletedProcess:
+    """Run the real ``kepsilon`` command; ``fault`` sets KEPSILON_FAULT_AT for this run only."""
+    run_env = dict(env)
+    run_env.pop("KEPSILON_FAULT_AT", None)
+    if fault is not None:
+        run_env["KEPSILON_FAULT_AT"] = fault
+    return subprocess.run(
+        [str(BIN / "kepsilon"), *args], cwd=cwd, env=run_env, capture_output=True, text=True, timeout=timeout
+    )
+
+
+def set_cap(env: dict, work: Path, cap: float, population: str = POPULATION) -> None:
+    result = kepsilon(["audit", "set-cap", population, str(cap), "--by", "reliability", "--reason", "test cap"], env, work)
+    if result.returncode != 0:
+        raise RuntimeError(f"set-cap failed: {result.stderr[-500:]}")
+
+
+def rows(db_path: Path, sql: str, params: tuple = ()) -> list[tuple]:
+    """Read-only query of an audit store (missing store: no rows)."""
+    if not db_path.exists():
+        return []
+    conn = sqlite3.connect(f"file:{db_path}?mode=ro", uri=True)
+    try:
+        return conn.execute(sql, params).fetchall()
+    except sqlite3.OperationalError:
+        return []
+    finally:
+        conn.close()
+
+
+def ledger_kinds(db_path: Path, release_id: str | None = None) -> dict[str, int]:
+    """Number of ledger entries of each kind (for one release id, or all)."""
+    sql = "SELECT kind, COUNT(*) FROM ledger" + (" WHERE release_id = ?" if release_id else "") + " GROUP BY kind"
+    return dict(rows(db_path, sql, (release_id,) if release_id else ()))
+
+
+def max_per_key(db_path: Path) -> tuple[int, int]:
+    """(most spend entries for one reservation, most sealed seeds for one idempotency key)."""
+    spends = rows(db_path, "SELECT MAX(n) FROM (SELECT COUNT(*) n FROM ledger WHERE kind='spend' GROUP BY reservation_id)")
+    seeds = rows(db_path, "SELECT MAX(n) FROM (SELECT COUNT(*) n FROM sealed_seeds GROUP BY idempotency_key)")
+    return (spends[0][0] or 0) if spends else 0, (seeds[0][0] or 0) if seeds else 0
+
+
+def verify(env: dict, work: Path, checkpoint: Path | None = None) -> subprocess.CompletedProcess:
+    args = ["audit", "verify"] + (["--checkpoint", str(checkpoint)] if checkpoint else [])
+    return kepsilon(args, env, work)
+
+
+def reader_view(directory: Path) -> tuple[bool, str]:
+    """What a reader of the release folder sees is consistent: no manifest, or a manifest whose every
+    listed file is present with the listed SHA-256; every other file is hidden (dot-prefixed)."""
+    if not directory.exists():
+        return True, "no release folder"
+    visible = sorted(p.name for p in directory.iterdir() if not p.name.startswith("."))
+    hidden = sorted(p.name for p in directory.iterdir() if p.name.startswith("."))
+    manifest_path = directory / "manifest.json"
+    if not manifest_path.exists():
+        return True, f"no manifest; visible {visible}; hidden temp files {len(hidden)}"
+    try:
+        manifest = json.loads(manifest_path.read_text(encoding="utf-8"))
+    except ValueError:
+        return False, "manifest.json is not valid JSON (half-written)"
+    for name, digest in manifest.get("outputs", {}).items():
+        path = directory / name
+        if not path.exists() or hashlib.sha256(path.read_bytes()).hexdigest() != digest:
+            return False, f"manifest lists {name} but it is missing or its hash differs"
+    extra = [n for n in visible if n != "manifest.json" and n not in manifest.get("outputs", {})]
+    if extra:
+        return False, f"visible files not in the manifest: {extra}"
+    return True, f"manifest complete; hidden temp files {len(hidden)}"
+
+
+def scratch(prefix: str) -> Path:
+    return Path(tempfile.mkdtemp(prefix=f"kepsilon-{prefix}-"))

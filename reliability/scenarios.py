@@ -1,0 +1,635 @@
+"""The reliability scenarios. Each adds its checks to a ``Results`` and returns nothing else.
+
+Shared by ``make reliability`` (``reliability/run.py``, many repetitions) and the unit suite
+(``tests/test_reliability.py``, one of each).
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import math
+import os
+import re
+import secrets
+import shutil
+import sqlite3
+import subprocess
+import sys
+import uuid
+from fractions import Fraction
+from pathlib import Path
+from types import SimpleNamespace
+
+import numpy as np
+import pandas as pd
+
+from .harness import (
+    BIN,
+    POPULATION,
+    ROOT,
+    SYNTHETIC,
+    Results,
+    kepsilon,
+    ledger_kinds,
+    max_per_key,
+    reader_view,
+    rows,
+    set_cap,
+    spec_dict,
+    store_env,
+    verify,
+    write_spec,
+)
+
+FAULT_POINTS = ("after-reservation", "after-noise", "after-staging", "before-manifest", "before-audit-commit")
+NOISE_DRAWN_FROM = FAULT_POINTS.index("after-noise")
+BUDGET_MESSAGE = "exceeds the remaining budget"
+
+
+def sample_source(path: Path, n_rows: int) -> Path:
+    """The first ``n_rows`` records of the bundled paper-synthetic table (header kept)."""
+    lines = (SYNTHETIC / "people.csv").read_text(encoding="utf-8").splitlines(keepends=True)
+    path.write_text("".join(lines[: n_rows + 1]), encoding="utf-8")
+    return path
+
+
+def _flat(text: str) -> str:
+    return " ".join(text.split())
+
+
+# --- 1. Faults -------------------------------------------------------------------------------
+
+
+def fault_scenario(results: Results, env: dict, work: Path, source: Path, point: str, extra_reruns: int = 1) -> None:
+    """SIGKILL a release at ``point``, inspect what survived, rerun it to completion, rerun it again."""
+    cat = "faults"
+    label = f"{point} [{work.name}]"
+    work.mkdir(parents=True, exist_ok=True)
+    env = {**store_env(env, work), "KEPSILON_DEFAULT_CAP": "10"}
+    spec = spec_dict(work, "fault-release", source={"path": str(source), "delimiter": ";"})
+    spec_path = write_spec(work, spec)
+    release_dir = work / "out" / "fault-release"
+    db = work / "audit.db"
+    noise_drawn = FAULT_POINTS.index(point) >= NOISE_DRAWN_FROM
+
+    killed = kepsilon(["release", str(spec_path)], env, work, fault=point)
+    results.add(cat, f"{label}: killed by SIGKILL", killed.returncode == -9, f"exit {killed.returncode}")
+
+    ok, detail = reader_view(release_dir)
+    results.add(cat, f"{label}: reader sees no half-written release", ok, detail)
+    visible_tmp = [p.name for p in release_dir.glob("*.tmp") if not p.name.startswith(".")] if release_dir.exists() else []
+    results.add(cat, f"{label}: leftover temp files are hidden", not visible_tmp, f"visible temp {visible_tmp}")
+    manifest_after_kill = (release_dir / "manifest.json").exists()
+    results.add(cat, f"{label}: manifest only if the kill came after publication",
+                manifest_after_kill == (point == "before-audit-commit"), f"manifest present: {manifest_after_kill}")
+    staged = _staged_bytes(release_dir, point)
+
+    sealed = [c for (c,) in rows(db, "SELECT commitment FROM sealed_seeds")]
+    kinds = ledger_kinds(db)
+    results.add(cat, f"{label}: one reservation", kinds.get("reserve", 0) == 1, f"ledger {kinds}")
+    results.add(cat, f"{label}: seed sealed iff noise drawn", len(sealed) == (1 if noise_drawn else 0), f"sealed {len(sealed)}")
+    results.add(cat, f"{label}: ε spent iff the kill came at/after after-noise",
+                kinds.get("spend", 0) == (1 if noise_drawn else 0), f"spend entries {kinds.get('spend', 0)}")
+    checked = verify(env, work)
+    results.add(cat, f"{label}: audit verify passes after the kill", checked.returncode == 0, f"exit {checked.returncode}")
+
+    rerun = kepsilon(["release", str(spec_path)], env, work)
+    results.add(cat, f"{label}: rerun completes", rerun.returncode == 0, f"exit {rerun.returncode} {_flat(rerun.stderr)[-200:]}")
+    if rerun.returncode != 0:
+        return
+    ok, detail = reader_view(release_dir)
+    results.add(cat, f"{label}: rerun's release is complete and consistent", ok and (release_dir / "manifest.json").exists(), detail)
+    manifest = json.loads((release_dir / "manifest.json").read_text(encoding="utf-8"))
+    if sealed:
+        results.add(cat, f"{label}: rerun uses the seed sealed before the kill",
+                    manifest["seed_commitment"] == sealed[0], "commitment compared")
+    first = (release_dir / "data.csv").read_bytes()
+    if staged is not None:
+        results.add(cat, f"{label}: rerun's data.csv equals the bytes staged by the killed run", first == staged,
+                    f"{len(first)} vs {len(staged)} bytes")
+    for again in range(extra_reruns):
+        more = kepsilon(["release", str(spec_path)], env, work)
+        same = more.returncode == 0 and (release_dir / "data.csv").read_bytes() == first
+        results.add(cat, f"{label}: further rerun {again + 1} publishes the same bytes", same, f"exit {more.returncode}")
+
+    spends, seeds = max_per_key(db)
+    kinds = ledger_kinds(db)
+    results.add(cat, f"{label}: at most one noise draw and one sealed seed per release", spends <= 1 and seeds <= 1,
+                f"max spends {spends}, max seeds {seeds}")
+    spent = sum(n for (n,) in rows(db, "SELECT nano_epsilon FROM ledger WHERE kind = 'spend'"))
+    results.add(cat, f"{label}: ledger spent = ε exactly once", spent == 10**9 and kinds.get("reserve") == 1,
+                f"spent nano-ε {spent}, ledger {kinds}")
+    outcomes = [o for (o,) in rows(db, "SELECT outcome FROM releases")]
+    results.add(cat, f"{label}: every run after the kill recorded as published",
+                outcomes == ["published"] * (1 + extra_reruns), f"outcomes {outcomes}")
+    leftover = sorted(p.name for p in release_dir.iterdir() if p.name.startswith("."))
+    results.add(cat, f"{label}: stale temp files cleaned by the rerun", not leftover, f"hidden files left {len(leftover)}")
+    checked = verify(env, work)
+    results.add(cat, f"{label}: audit verify passes after the reruns", checked.returncode == 0, f"exit {checked.returncode}")
+
+
+def _staged_bytes(release_dir: Path, point: str) -> bytes | None:
+    """The data.csv bytes the killed run had fully written (staged temp or renamed file), if any."""
+    if point == "after-staging":
+        staged = list(release_dir.glob(".data.csv.*.tmp"))
+        return staged[0].read_bytes() if len(staged) == 1 else None
+    if point in ("before-manifest", "before-audit-commit") and (release_dir / "data.csv").exists():
+        return (release_dir / "data.csv").read_bytes()
+    return None
+
+
+# --- 2. Races --------------------------------------------------------------------------------
+
+
+def race_scenario(results: Results, env: dict, work: Path, source: Path, processes: int, cap: str = "1.0", epsilon: str = "0.4") -> None:
+    """``processes`` concurrent releases of one population, combined ε over the cap."""
+    cat = "races"
+    work.mkdir(parents=True, exist_ok=True)
+    env = store_env(env, work)
+    env.pop("KEPSILON_DEFAULT_CAP", None)
+    set_cap(env, work, float(cap))
+    admissible = min(processes, int(Fraction(cap) / Fraction(epsilon)))
+    specs = []
+    for i in range(processes):
+        spec = spec_dict(work, f"race-{i}", epsilon=float(epsilon), source={"path": str(source), "delimiter": ";"})
+        specs.append((spec["release_id"], write_spec(work, spec)))
+    running = [
+        (release_id, subprocess.Popen([str(BIN / "kepsilon"), "release", str(path)], cwd=work, env=env,
+                                      stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True))
+        for release_id, path in specs
+    ]
+    outcomes = {release_id: (proc.wait(timeout=900), proc.communicate()[1]) for release_id, proc in running}
+    winners = [r for r, (code, _) in outcomes.items() if code == 0]
+    losers = [r for r, (code, _) in outcomes.items() if code != 0]
+    label = f"{processes} processes, cap {cap}, ε {epsilon} each [{work.name}]"
+    results.add(cat, f"{label}: exactly {admissible} succeed", len(winners) == admissible, f"succeeded {len(winners)}")
+    refused_properly = all(outcomes[r][0] == 2 and BUDGET_MESSAGE in _flat(outcomes[r][1]) for r in losers)
+    results.add(cat, f"{label}: the others exit 2 with the budget message", refused_properly and len(losers) == processes - admissible,
+                f"exit codes {sorted(outcomes[r][0] for r in losers)}")
+    db = work / "audit.db"
+    for r in losers:
+        kinds = ledger_kinds(db, r)
+        seeds = rows(db, "SELECT COUNT(*) FROM sealed_seeds WHERE release_id = ?", (r,))[0][0]
+        recorded = [o for (o,) in rows(db, "SELECT outcome FROM releases WHERE release_id = ?", (r,))]
+        results.add(cat, f"{label}: {r} refused before noise (no seed, no ledger entry, recorded refused)",
+                    not kinds and seeds == 0 and recorded == ["refused"], f"ledger {kinds}, seeds {seeds}, records {recorded}")
+        results.add(cat, f"{label}: {r} published nothing", not (work / "out" / r).exists())
+    spent = sum(n for (n,) in rows(db, "SELECT nano_epsilon FROM ledger WHERE kind IN ('reserve')"))
+    cap_nano = int(Fraction(cap) * 10**9)
+    results.add(cat, f"{label}: reserved ε within the cap", spent <= cap_nano, f"reserved nano-ε {spent} of {cap_nano}")
+    checked = verify(env, work)
+    results.add(cat, f"{label}: audit verify passes", checked.returncode == 0, f"exit {checked.returncode}")
+
+
+# --- 3. Bad input ----------------------------------------------------------------------------
+
+
+def _edit_row(lines: list[str], index: int, column: str, value: str) -> list[str]:
+    header = lines[0].rstrip("\n").split(";")
+    fields = lines[index].rstrip("\n").split(";")
+    fields[header.index(column)] = value
+    return lines[:index] + [";".join(fields) + "\n"] + lines[index + 1:]
+
+
+def bad_input_cases(sample: Path) -> list[dict]:
+    """The catalogue: name, how the source / spec is broken, and what the refusal must name.
+
+    ``expect``: text the error message must contain (the column, parameter or problem), or None for a
+    case the method may legitimately accept (then it must publish a consistent release).
+    """
+    lines = sample.read_text(encoding="utf-8").splitlines(keepends=True)
+    header = lines[0]
+    truncated = "".join(lines)
+    cut = truncated.rstrip("\n")
+    truncated_mid_height = cut[: cut.rfind(";") - 3]  # last record cut inside HEIGHT (WEIGHT lost)
+    identical = header + lines[1] * 60
+    dup_header = header.replace("ICD;", "HEIGHT;", 1)
+    cases = [
+        {"name": "NaN in an ε-quasi", "text": "".join(_edit_row(lines, 5, "HEIGHT", "NaN")), "expect": "HEIGHT"},
+        {"name": "+inf in an ε-quasi", "text": "".join(_edit_row(lines, 5, "HEIGHT", "inf")), "expect": "HEIGHT"},
+        {"name": "-inf in an ε-quasi", "text": "".join(_edit_row(lines, 5, "HEIGHT", "-inf")), "expect": "HEIGHT"},
+        {"name": "text in an ε-quasi", "text": "".join(_edit_row(lines, 5, "HEIGHT", "tall")), "expect": "HEIGHT"},
+        {"name": "empty value in an ε-quasi", "text": "".join(_edit_row(lines, 5, "HEIGHT", "")), "expect": "HEIGHT"},
+        {"name": "empty value in a k-quasi", "text": "".join(_edit_row(lines, 5, "YOB", "")), "expect": "YOB"},
+        {"name": "empty file", "text": "", "expect": "empty"},
+        {"name": "header only", "text": header, "expect": "no records"},
+        {"name": "one row (k=10)", "text": header + lines[1], "expect": None},
+        {"name": "k > n (k=500)", "text": "".join(lines), "spec": {"k": 500}, "expect": None},
+        {"name": "all rows identical (60 rows)", "text": identical, "expect": None},
+        {"name": "ε = 0", "spec": {"epsilon": 0}, "expect": "epsilon"},
+        {"name": "ε < 0", "spec": {"epsilon": -1.0}, "expect": "epsilon"},
+        {"name": "ε infinite", "spec": {"epsilon": float("inf")}, "expect": "epsilon"},
+        {"name": "ε NaN", "spec": {"epsilon": float("nan")}, "expect": "epsilon"},
+        {"name": "k = 0", "spec": {"k": 0}, "expect": "k"},
+        {"name": "unknown column in the spec", "roles": ("e_quasi", "HEIGHT_CM"), "expect": "HEIGHT_CM"},
+        {"name": "source column without a role", "drop_sensitive": "ICD", "expect": "ICD"},
+        {"name": "duplicate column names", "text": dup_header + "".join(lines[1:]), "expect": "HEIGHT"},
+        {"name": "value missing from a hierarchy", "text": "".join(_edit_row(lines, 5, "RACE", "Unlisted-Race")), "expect": "RACE"},
+        {"name": "bounds lower ≥ upper", "bounds": (210, 130), "expect": "HEIGHT"},
+        {"name": "bounds lower = upper", "bounds": (170, 170), "expect": "HEIGHT"},
+        {"name": "non-UTF-8 bytes", "bytes": "".join(lines).encode("utf-8").replace(b"Sophia", b"Soph\xefa", 1), "expect": "UTF-8"},
+        {"name": "truncated CSV (last record cut mid-field)", "text": truncated_mid_height, "expect": "fields"},
+        {"name": "unknown field in the spec", "spec": {"k_anonymity": 5}, "expect": "k_anonymity"},
+        {"name": "missing source file", "missing_source": True, "expect": "cannot read"},
+    ]
+    return cases
+
+
+def _case_spec(work: Path, case: dict, sample: Path) -> dict:
+    source = sample
+    if "text" in case or "bytes" in case:
+        source = work / "source.csv"
+        if "bytes" in case:
+            source.write_bytes(case["bytes"])
+        else:
+            source.write_text(case["text"], encoding="utf-8")
+    if case.get("missing_source"):
+        source = work / "absent.csv"
+    spec = spec_dict(work, "bad-input", source={"path": str(source), "delimiter": ";"})
+    spec.update(case.get("spec", {}))
+    if "roles" in case:
+        role, column = case["roles"]
+        spec["roles"][role] = [{"column": column, "lower": 130, "upper": 210}]
+    if "drop_sensitive" in case:
+        spec["roles"]["sensitive"] = [c for c in spec["roles"]["sensitive"] if c != case["drop_sensitive"]]
+    if "bounds" in case:
+        lower, upper = case["bounds"]
+        spec["roles"]["e_quasi"] = [{"column": "HEIGHT", "lower": lower, "upper": upper}]
+        spec["scale_basis"] = "bounds"
+    return spec
+
+
+def bad_input_scenario(results: Results, env: dict, base: Path, sample: Path, run) -> list[dict]:
+    """Every catalogue case through the CLI's ``release`` command; ``run(args, env, cwd) -> (code, output)``.
+
+    Returns one row per case for the report: name, exit code, outcome and the message's first line.
+    """
+    cat = "bad input"
+    table = []
+    for number, case in enumerate(bad_input_cases(sample)):
+        work = base / f"bad-{number:02d}"
+        work.mkdir(parents=True, exist_ok=True)
+        case_env = {**store_env(env, work), "KEPSILON_DEFAULT_CAP": "10"}
+        spec_path = write_spec(work, _case_spec(work, case, sample), name="spec")
+        code, output = run(["release", str(spec_path)], case_env, work)
+        message = _refusal_line(output)
+        db = work / "audit.db"
+        kinds = ledger_kinds(db)
+        seeds = rows(db, "SELECT COUNT(*) FROM sealed_seeds")
+        seeds = seeds[0][0] if seeds else 0
+        published = (work / "out" / "bad-input" / "manifest.json").exists()
+        name = case["name"]
+        if case["expect"] is None:
+            outcome = "published" if code == 0 else "refused"
+            if code == 0:
+                ok, detail = reader_view(work / "out" / "bad-input")
+                data = pd.read_csv(work / "out" / "bad-input" / "data.csv")
+                k = json.loads((work / "out" / "bad-input" / "manifest.json").read_text())["k"]
+                smallest = int(data.groupby(["YOB", "GENDER", "RACE", "MARITAL_STATUS"]).size().min()) if len(data) else 0
+                results.add(cat, f"{name}: published release is consistent and k-anonymous", ok and (not len(data) or smallest >= k),
+                            f"{len(data)} rows, smallest class {smallest}")
+            else:
+                results.add(cat, f"{name}: refused with exit 2, a message, nothing published",
+                            code == 2 and bool(message) and not published, f"exit {code}")
+                results.add(cat, f"{name}: no ε spent, no seed sealed", not kinds.get("spend") and seeds == 0,
+                            f"ledger {kinds}, seeds {seeds}")
+        else:
+            outcome = "refused" if code == 2 else f"exit {code}"
+            results.add(cat, f"{name}: exit code 2", code == 2, f"exit {code}")
+            results.add(cat, f"{name}: message names {case['expect']!r}", case["expect"].lower() in message.lower(), message[:160])
+            results.add(cat, f"{name}: nothing published", not published)
+            results.add(cat, f"{name}: no ε reserved or spent, no seed sealed",
+                        not kinds.get("reserve") and not kinds.get("spend") and seeds == 0, f"ledger {kinds}, seeds {seeds}")
+        table.append({"case": name, "exit": code, "outcome": outcome, "message": message[:200]})
+    results.counts["bad inputs tried"] = str(len(table))
+    return table
+
+
+def _refusal_line(output: str) -> str:
+    """The CLI's refusal message (from 'release refused:' to the end, whitespace folded)."""
+    flat = _flat(output)
+    at = flat.find("release refused:")
+    if at < 0:
+        return ""
+    message = flat[at + len("release refused:"):]
+    # Stop at what follows the message: a repeat of it, a log line, a logging-handler traceback.
+    end = re.search(r"release refused:|--- Logging error ---|\d\d:\d\d:\d\d\.\d+ \|", message)
+    return (message[: end.start()] if end else message).strip()
+
+
+def subprocess_cli(args: list[str], env: dict, cwd: Path) -> tuple[int, str]:
+    """The real ``kepsilon`` command as a subprocess: (exit code, stderr + stdout)."""
+    result = kepsilon(args, env, cwd)
+    return result.returncode, result.stderr + result.stdout
+
+
+def inprocess_cli(args: list[str], env: dict, cwd: Path) -> tuple[int, str]:
+    """The same ``kepsilon`` Typer app invoked in this process (no import cost per case): (exit code, output).
+
+    The audit store, seed key and default cap come from ``env`` for the call; Prefect talks to the
+    server named by ``env['PREFECT_API_URL']``.
+    """
+    from prefect.settings import PREFECT_API_URL, temporary_settings
+    from typer.testing import CliRunner
+
+    from kepsilon.cli import app
+
+    names = ("KEPSILON_AUDIT_DB", "KEPSILON_SEED_KEY_FILE", "KEPSILON_DEFAULT_CAP")
+    saved = {name: os.environ.get(name) for name in names}
+    os.environ.update({name: env[name] for name in names if name in env})
+    try:
+        with temporary_settings(updates={PREFECT_API_URL: env["PREFECT_API_URL"]}):
+            result = CliRunner().invoke(app, args)
+    finally:
+        for name, value in saved.items():
+            if value is None:
+                os.environ.pop(name, None)
+            else:
+                os.environ[name] = value
+    stderr = getattr(result, "stderr", "") if result.stderr_bytes is not None else ""
+    return result.exit_code, (stderr or "") + result.output
+
+
+# --- 4. Leaks --------------------------------------------------------------------------------
+
+
+EXPLICIT_TEXT_COLUMNS = ("ID", "NAME", "SURNAME", "EMAIL")
+
+
+def plant_canaries(source: Path, target: Path, rows_with_canaries: int) -> list[str]:
+    """Copy ``source`` to ``target`` with a unique canary string in every explicit text column of the
+    first ``rows_with_canaries`` records; returns the canaries."""
+    frame = pd.read_csv(source, sep=";", dtype=str, keep_default_na=False)
+    canaries = []
+    for row in range(rows_with_canaries):
+        for column in EXPLICIT_TEXT_COLUMNS:
+            canary = f"CANARY{column}{uuid.uuid4().hex}"
+            if column == "EMAIL":
+                canary = f"{canary.lower()}@canary.example"
+            frame.loc[row, column] = canary
+            canaries.append(canary)
+    frame.to_csv(target, sep=";", index=False)
+    return canaries
+
+
+def _files_under(*roots: Path, exclude: tuple[Path, ...] = ()) -> list[Path]:
+    found = []
+    for root in roots:
+        if root.is_file():
+            found.append(root)
+        elif root.exists():
+            found.extend(p for p in root.rglob("*") if p.is_file() and not any(p.is_relative_to(e) for e in exclude))
+    return found
+
+
+def _hits(needles: dict[str, bytes], files: list[Path]) -> dict[str, int]:
+    """For each needle, in how many of ``files`` its bytes occur."""
+    counts = {name: 0 for name in needles}
+    for path in files:
+        content = path.read_bytes()
+        for name, needle in needles.items():
+            if needle in content:
+                counts[name] += 1
+    return counts
+
+
+def _audit_dump(db: Path) -> bytes:
+    """Every row of every table of the audit store, as text (the store's logical content)."""
+    conn = sqlite3.connect(f"file:{db}?mode=ro", uri=True)
+    try:
+        return "\n".join(conn.iterdump()).encode("utf-8", errors="backslashreplace")
+    finally:
+        conn.close()
+
+
+def _api_records(env: dict, flow_run_id: str) -> bytes:
+    """The flow run's parameters, its task runs and its logs, read back through the Prefect API."""
+    script = f"""
+import asyncio, json
+from uuid import UUID
+from prefect.client.orchestration import get_client
+from prefect.client.schemas.filters import FlowRunFilter, FlowRunFilterId, LogFilter, LogFilterFlowRunId
+async def main():
+    async with get_client() as client:
+        run = await client.read_flow_run(UUID({flow_run_id!r}))
+        tasks = await client.read_task_runs(flow_run_filter=FlowRunFilter(id=FlowRunFilterId(any_=[run.id])))
+        logs = await client.read_logs(log_filter=LogFilter(flow_run_id=LogFilterFlowRunId(any_=[run.id])))
+        print(json.dumps({{"parameters": run.parameters, "tasks": [t.model_dump(mode="json") for t in tasks],
+                           "logs": [l.message for l in logs], "n_logs": len(logs), "n_tasks": len(tasks)}}))
+asyncio.run(main())
+"""
+    result = subprocess.run([sys.executable, "-c", script], env=env, capture_output=True, text=True, timeout=120)
+    if result.returncode != 0:
+        raise RuntimeError(f"reading the flow run back failed: {result.stderr[-500:]}")
+    return result.stdout.encode("utf-8")
+
+
+def leak_scenario(results: Results, env: dict, work: Path, sample: Path, rows_with_canaries: int = 5) -> dict:
+    """Plant canaries and a canary seed, run a release against the real server, search every place."""
+    cat = "leaks"
+    work.mkdir(parents=True, exist_ok=True)
+    source = work / "canary-source.csv"
+    canaries = plant_canaries(sample, source, rows_with_canaries)
+    seed = secrets.token_bytes(32)
+    seed_file = work / "canary-seed.bin"
+    seed_file.write_bytes(seed)
+    run_env = {**store_env(env, work), "KEPSILON_DEFAULT_CAP": "10"}
+    spec_path = write_spec(work, spec_dict(work, "leak-release", source={"path": str(source), "delimiter": ";"}))
+    logs = work / "logs"
+    logs.mkdir()
+    with open(logs / "stdout.txt", "w") as out, open(logs / "stderr.txt", "w") as err:
+        run = subprocess.run([sys.executable, "-m", "reliability.leak_run", str(spec_path), str(seed_file)],
+                             cwd=ROOT, env={**run_env, "PYTHONPATH": str(ROOT)}, stdout=out, stderr=err, timeout=600)
+    results.add(cat, "canary release completes", run.returncode == 0, f"exit {run.returncode}")
+    if run.returncode != 0:
+        return {}
+    reported = json.loads((logs / "stdout.txt").read_text().strip().splitlines()[-1])
+    results.add(cat, "the canary seed was the one used (commitment = SHA-256 of the seed)",
+                reported["seed_commitment"] == hashlib.sha256(seed).hexdigest())
+
+    needles = {c: c.encode("utf-8") for c in canaries}
+    needles["seed (hex)"] = seed.hex().encode()
+    needles["seed (HEX)"] = seed.hex().upper().encode()
+    needles["seed (raw bytes)"] = seed
+    # Positive control: the search finds every canary where it was planted.
+    planted = _hits({c: n for c, n in needles.items() if not c.startswith("seed")}, [source])
+    results.add(cat, "positive control: every canary is found in the planted source", all(planted.values()),
+                f"{sum(planted.values())} of {len(planted)}")
+    results.add(cat, "positive control: the seed is found in its own file", seed in seed_file.read_bytes())
+
+    home = Path(env["PREFECT_HOME"])
+    prefect_dbs = sorted(home.glob("*.db*"))
+    api_dump = work / "api-readback.json"
+    api_dump.write_bytes(_api_records(env, reported["flow_run_id"]))
+    audit_dump = work / "audit-dump.sql"
+    audit_dump.write_bytes(_audit_dump(work / "audit.db"))
+    places = {
+        "published files": _files_under(work / "out"),
+        "captured logs (run stdout/stderr)": _files_under(logs),
+        "Prefect server log": _files_under(home / "server.log"),
+        "audit store (raw file bytes, WAL included)": sorted(work.glob("audit.db*")),
+        "audit store (every table, dumped)": [audit_dump],
+        "Prefect database (raw file bytes)": prefect_dbs,
+        "PREFECT_HOME other files (storage, results)": _files_under(home, exclude=tuple(prefect_dbs) + (home / "server.log",)),
+        "flow run parameters, task runs and logs via the API": [api_dump],
+    }
+    api = json.loads(api_dump.read_text())
+    results.add(cat, "API read-back holds the flow run's logs and task runs", api["n_logs"] > 0 and api["n_tasks"] > 0,
+                f"{api['n_logs']} logs, {api['n_tasks']} task runs")
+    results.add(cat, "Prefect database file exists", bool(prefect_dbs), f"{[p.name for p in prefect_dbs]}")
+    matrix = {}
+    for place, files in places.items():
+        hits = _hits(needles, files)
+        leaked = sorted(name for name, n in hits.items() if n)
+        matrix[place] = len(files)
+        shown = ["seed" if n.startswith("seed") else "a canary" for n in leaked]
+        results.add(cat, f"no canary or seed in {place} ({len(files)} files)", not leaked, f"found: {shown}")
+    results.counts["canaries × places"] = f"{len(needles)} × {len(places)} ({len(canaries)} identifier canaries + the seed as hex, HEX and raw bytes)"
+    return matrix
+
+
+# --- 5. Tampering ----------------------------------------------------------------------------
+
+
+def _copy_store(source: Path, target: Path) -> Path:
+    src = sqlite3.connect(f"file:{source}?mode=ro", uri=True)
+    dst = sqlite3.connect(target)
+    src.backup(dst)
+    src.close()
+    dst.close()
+    return target
+
+
+def _without_triggers(db: Path, statements: list[str], recreate: bool) -> None:
+    """Run ``statements`` as an attacker with file access: drop the append-only triggers first,
+    optionally put them back afterwards so the schema looks untouched."""
+    conn = sqlite3.connect(db)
+    triggers = conn.execute("SELECT name, sql FROM sqlite_master WHERE type = 'trigger'").fetchall()
+    for name, _ in triggers:
+        conn.execute(f"DROP TRIGGER [{name}]")
+    for statement in statements:
+        conn.execute(statement)
+    if recreate:
+        for _, sql in triggers:
+            conn.execute(sql)
+    conn.commit()
+    conn.close()
+
+
+def _truncate_tail(db: Path, entries: int) -> list[str]:
+    conn = sqlite3.connect(db)
+    tail = conn.execute("SELECT seq, table_name, row_id FROM chain ORDER BY seq DESC LIMIT ?", (entries,)).fetchall()
+    conn.close()
+    statements = []
+    for seq, table, row_id in tail:
+        statements.append(f"DELETE FROM [{table}] WHERE rowid = {int(row_id)}")
+        statements.append(f"DELETE FROM chain WHERE seq = {int(seq)}")
+    return statements
+
+
+def tamper_scenario(results: Results, env: dict, work: Path, store: Path) -> int:
+    """Edit, delete and truncate copies of a store built by real releases; ``kepsilon audit verify`` must notice."""
+    cat = "tampering"
+    work.mkdir(parents=True, exist_ok=True)
+    pristine = _copy_store(store, work / "pristine.db")
+    checkpoint = work / "checkpoint.json"
+    made = kepsilon(["audit", "checkpoint", str(checkpoint)], {**env, "KEPSILON_AUDIT_DB": str(pristine)}, work)
+    results.add(cat, "checkpoint exported from the real store", made.returncode == 0 and checkpoint.exists(), _flat(made.stderr)[-200:])
+    published = rows(pristine, "SELECT MIN(id) FROM releases WHERE outcome = 'published'")[0][0]
+    spend = rows(pristine, "SELECT MIN(id) FROM ledger WHERE kind = 'spend'")[0][0]
+    n_entries = rows(pristine, "SELECT COUNT(*) FROM chain")[0][0]
+    cases = [
+        ("untampered copy (control)", [], True, False),
+        ("edit: a published release's k changed", [f"UPDATE releases SET k = k + 1 WHERE id = {published}"], False, False),
+        ("edit, triggers put back", [f"UPDATE releases SET rows_published = rows_published - 1 WHERE id = {published}"], True, False),
+        ("edit: an ε spend entry lowered", [f"UPDATE ledger SET nano_epsilon = 1 WHERE id = {spend}"], True, False),
+        ("delete: an ε spend entry", [f"DELETE FROM ledger WHERE id = {spend}"], True, False),
+        ("delete: a row and its chain entry", [f"DELETE FROM ledger WHERE id = {spend}",
+                                              f"DELETE FROM chain WHERE table_name = 'ledger' AND row_id = {spend}"], True, False),
+        ("insert: a row outside the chain", ["INSERT INTO checks (release, name, success) "
+                                            f"VALUES ({published}, 'forged', 1)"], True, False),
+        ("truncate: last 3 entries removed (checkpoint given)", "truncate", True, True),
+    ]
+    tried = 0
+    for number, (name, statements, recreate, with_checkpoint) in enumerate(cases):
+        copy = _copy_store(pristine, work / f"case-{number}.db")
+        if statements == "truncate":
+            statements = _truncate_tail(copy, 3)
+        _without_triggers(copy, statements, recreate)
+        case_env = {**env, "KEPSILON_AUDIT_DB": str(copy)}
+        plain = kepsilon(["audit", "verify"], case_env, work)
+        with_cp = kepsilon(["audit", "verify", "--checkpoint", str(checkpoint)], case_env, work)
+        if not statements:
+            results.add(cat, f"{name}: verify passes, with and without the checkpoint",
+                        plain.returncode == 0 and with_cp.returncode == 0, f"exit {plain.returncode}/{with_cp.returncode}")
+            continue
+        tried += 1
+        results.add(cat, f"{name}: verify --checkpoint exits 1 and says BROKEN",
+                    with_cp.returncode == 1 and "BROKEN" in with_cp.stdout, f"exit {with_cp.returncode}")
+        if not with_checkpoint:
+            results.add(cat, f"{name}: verify (no checkpoint) exits 1", plain.returncode == 1, f"exit {plain.returncode}")
+        else:
+            # A clean tail cut leaves a consistent chain: only the exported head reveals it.
+            results.add(cat, f"{name}: detected only against the checkpoint (verify alone: exit {plain.returncode})",
+                        "truncated" in _flat(with_cp.stdout), f"entries before {n_entries}")
+    results.counts["tamper cases"] = f"{tried} tampered copies + 1 control, of a store with {n_entries} chain entries"
+    return tried
+
+
+# --- 6. Noise --------------------------------------------------------------------------------
+
+
+NOISE_CASES = (
+    # (scale basis, class diameter or bound width, ε) -> b = width / ε
+    ("diameter", 1.0, 1.0),
+    ("diameter", 10.0, 0.5),
+    ("diameter", 80.0, 2.0),
+    ("diameter", 0.3, 1.0),
+    ("diameter", 1000.0, 0.1),
+    ("bounds", 100.0, 50.0),
+)
+
+
+def _constructed_class(basis: str, width: float, n: int) -> tuple[pd.DataFrame, SimpleNamespace]:
+    """One equivalence class of ``n`` records whose values span exactly ``width`` (diameter mode), or
+    sit mid-way between public bounds ``width`` apart (bounds mode, clamping then negligible)."""
+    if basis == "diameter":
+        values = np.where(np.arange(n) % 2 == 0, 0.0, width)
+        quasi = SimpleNamespace(column="v", lower=-1e9, upper=1e9)
+    else:
+        values = np.full(n, width / 2)
+        quasi = SimpleNamespace(column="v", lower=0.0, upper=width)
+    return pd.DataFrame({"v": values}), quasi
+
+
+def noise_scenario(results: Results, samples: int, seed: int = 20240611) -> None:
+    """KS fit of perturb's noise to Laplace(b), grid membership, and a wrong scale caught."""
+    from scipy import stats
+
+    from kepsilon.tasks.perturb import perturb
+
+    cat = "noise"
+    rng = np.random.default_rng(seed)
+    for basis, width, epsilon in NOISE_CASES:
+        b = width / epsilon
+        frame, quasi = _constructed_class(basis, width, samples)
+        result = perturb(frame, np.zeros(samples, dtype=int), [quasi], {"v": epsilon}, basis, rng)
+        noise = result.frame["v"].to_numpy() - frame["v"].to_numpy()
+        label = f"{basis} b={b:g} ({samples} samples)"
+        results.add(cat, f"{label}: scale reported = width/ε", np.allclose(result.scales["v"], b), "")
+        fit = stats.kstest(noise, "laplace", args=(0.0, b))
+        results.add(cat, f"{label}: KS fit to Laplace(b)", fit.pvalue > 1e-3, f"D={fit.statistic:.4f}, p={fit.pvalue:.3g}")
+        grid = 2.0 ** (math.ceil(math.log2(b)) - 10)
+        on_grid = np.all(result.frame["v"].to_numpy() / grid == np.round(result.frame["v"].to_numpy() / grid))
+        results.add(cat, f"{label}: every output on the grid 2^(ceil(log2 b)-10)", bool(on_grid), f"grid {grid:g}")
+        mean_abs = float(np.abs(noise).mean())
+        results.add(cat, f"{label}: mean |noise| within 4 SE of b", abs(mean_abs - b) < 4 * b / math.sqrt(samples),
+                    f"mean |noise| {mean_abs:.4g}")
+        # A sampler with the wrong scale (ε taken as 0.8 ε: b 25% too large) must fail the same test.
+        wrong = perturb(frame, np.zeros(samples, dtype=int), [quasi], {"v": epsilon * 0.8}, basis, rng)
+        wrong_noise = wrong.frame["v"].to_numpy() - frame["v"].to_numpy()
+        wrong_fit = stats.kstest(wrong_noise, "laplace", args=(0.0, b))
+        results.add(cat, f"{label}: a 25% too large scale is rejected by the same test", wrong_fit.pvalue < 1e-6,
+                    f"D={wrong_fit.statistic:.4f}, p={wrong_fit.pvalue:.3g}")
+    results.counts["noise scales × samples"] = f"{len(NOISE_CASES)} × {samples} (plus {len(NOISE_CASES)} wrong-scale runs)"

@@ -1,0 +1,117 @@
+"""Reliability and security, one small real run of each category (``make reliability`` repeats them).
+
+Releases run through the real ``kepsilon`` command against one real local Prefect server started for
+this module; each scenario's checks are listed on failure. Scenarios live in ``reliability/scenarios.py``.
+"""
+
+import os
+import signal
+import subprocess
+import sys
+from concurrent.futures import ThreadPoolExecutor
+
+import pytest
+
+from kepsilon.faults import ENV_FAULT_AT, fault_point
+from reliability.harness import Results, prefect_server
+from reliability.scenarios import (
+    FAULT_POINTS,
+    bad_input_scenario,
+    fault_scenario,
+    inprocess_cli,
+    leak_scenario,
+    noise_scenario,
+    race_scenario,
+    sample_source,
+    tamper_scenario,
+)
+
+pytestmark = pytest.mark.server
+
+
+def assert_all_pass(results: Results, category: str, minimum: int) -> None:
+    own = [c for c in results.checks if c.category == category]
+    failed = [f"{c.name}: {c.detail}" for c in own if not c.ok]
+    assert not failed, "\n".join(failed)
+    assert len(own) >= minimum, f"only {len(own)} {category} checks ran"
+
+
+@pytest.fixture(scope="module")
+def base(tmp_path_factory):
+    return tmp_path_factory.mktemp("reliability")
+
+
+@pytest.fixture(scope="module")
+def server(base):
+    with prefect_server(base / "prefect") as env:
+        yield env
+
+
+@pytest.fixture(scope="module")
+def sample(base):
+    return sample_source(base / "sample.csv", 400)
+
+
+@pytest.fixture(scope="module")
+def race(server, base, sample):
+    """Three concurrent releases of one population, 0.4 each against a cap of 1.0."""
+    results = Results()
+    race_scenario(results, server, base / "race", sample, processes=3)
+    return results, base / "race" / "audit.db"
+
+
+def test_fault_point_is_inert_unless_named(monkeypatch):
+    monkeypatch.delenv(ENV_FAULT_AT, raising=False)
+    fault_point("after-noise")
+    monkeypatch.setenv(ENV_FAULT_AT, "after-staging")
+    fault_point("after-noise")  # another point: still alive
+    killed = subprocess.run(
+        [sys.executable, "-c", "from kepsilon.faults import fault_point; fault_point('after-noise'); print('alive')"],
+        env={**os.environ, ENV_FAULT_AT: "after-noise"}, capture_output=True, text=True,
+    )
+    assert killed.returncode == -signal.SIGKILL and "alive" not in killed.stdout
+
+
+def test_a_kill_at_every_fault_point_leaves_a_consistent_state_and_a_deterministic_rerun(server, base, sample):
+    results = Results()
+    with ThreadPoolExecutor(max_workers=3) as pool:
+        list(pool.map(lambda point: fault_scenario(results, server, base / f"fault-{point}", sample, point, 0), FAULT_POINTS))
+    assert_all_pass(results, "faults", minimum=5 * 14)
+    names = " ".join(c.name for c in results.checks)
+    assert names.count("equals the bytes staged by the killed run") == 3  # after-staging, before-manifest, before-audit-commit
+
+
+def test_concurrent_releases_over_the_cap_admit_exactly_the_admissible_ones(race):
+    results, _ = race
+    assert_all_pass(results, "races", minimum=6)
+
+
+def test_bad_inputs_are_refused_naming_the_problem_and_spend_nothing(server, base, sample):
+    results = Results()
+    table = bad_input_scenario(results, server, base / "bad", sample, inprocess_cli)
+    assert_all_pass(results, "bad input", minimum=len(table) * 2)
+    outcomes = {row["case"]: row["outcome"] for row in table}
+    assert outcomes["truncated CSV (last record cut mid-field)"] == "refused"
+    assert outcomes["k > n (k=500)"] == "refused"
+    assert outcomes["all rows identical (60 rows)"] == "published"
+
+
+def test_no_canary_or_seed_reaches_outputs_logs_audit_store_or_prefect(server, base):
+    results = Results()
+    matrix = leak_scenario(results, server, base / "leak", sample_source(base / "leak-sample.csv", 600))
+    assert_all_pass(results, "leaks", minimum=12)
+    assert matrix["Prefect database (raw file bytes)"] >= 1
+
+
+def test_edited_deleted_and_truncated_audit_history_is_detected(race, server, base):
+    results = Results()
+    _, store = race
+    tried = tamper_scenario(results, server, base / "tamper", store)
+    assert_all_pass(results, "tampering", minimum=tried * 2)
+    assert tried == 7
+
+
+def test_noise_fits_laplace_lies_on_its_grid_and_a_wrong_scale_is_caught():
+    results = Results()
+    noise_scenario(results, samples=5000)
+    assert_all_pass(results, "noise", minimum=6 * 5)
