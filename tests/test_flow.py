@@ -156,3 +156,60 @@ def test_an_ola_release_records_its_node_and_counts_its_suppression(store, tmp_p
     assert removed["anonymiser_suppression"] == anonymiser["suppressed_rows"] > 0
     assert sum(removed.values()) <= 0.05 * manifest["rows_in"]
     assert len(data) == manifest["rows_in"] - sum(removed.values())
+
+
+def audit_answer(store_path, *arguments) -> list[dict]:
+    """An officer's question through the real CLI, as JSON."""
+    from typer.testing import CliRunner
+
+    from kepsilon.cli import app
+
+    result = CliRunner().invoke(app, ["audit", "--db", str(store_path), *arguments, "--format", "json"])
+    assert result.exit_code == 0, result.output
+    return json.loads(result.output)
+
+
+def test_officers_questions_on_a_store_built_by_real_releases(store, synthetic_spec_dict, tmp_path):
+    published = governed_release(parse_spec({**synthetic_spec_dict, "operator": "steward"}))
+    with pytest.raises(Exception, match="test-population"):
+        governed_release(parse_spec({**synthetic_spec_dict, "release_id": "too-greedy", "epsilon": 4.5}))
+    governed_release(parse_spec({**synthetic_spec_dict, "release_id": "bounded", "k": 3, "scale_basis": "bounds"}))
+    path = tmp_path / "audit.db"
+
+    (budget,) = audit_answer(path, "budget", "test-population")
+    assert budget["cap"] == 5.0 and budget["spent_lifetime"] == pytest.approx(2.0)
+    assert budget["remaining"] == pytest.approx(3.0)
+
+    low_k = audit_answer(path, "policy", "--min-k", "5", "--max-epsilon", "10")
+    assert {row["release_id"] for row in low_k} == {"bounded"}
+    high_epsilon = audit_answer(path, "policy", "--min-k", "2", "--max-epsilon", "1")
+    assert {row["release_id"] for row in high_epsilon} == {"too-greedy"}  # refused, but asked for
+    (who,) = audit_answer(path, "who", "test-release")
+    assert who["operator"] == "steward" and who["flow_run_id"] == published["execution"]["flow_run_id"]
+    (provenance,) = audit_answer(path, "provenance", "test-release")
+    assert provenance["source_sha256"] == published["source"]["sha256"]
+    assert provenance["seed_commitment"] == published["seed_commitment"]
+    impacted = audit_answer(path, "impact", "--source-sha", published["source"]["sha256"])
+    assert {row["release_id"] for row in impacted} >= {"test-release", "bounded"}
+    assert audit_answer(path, "noise-draws") == []
+    failures = audit_answer(path, "failures")
+    assert [(row["release_id"], row["outcome"]) for row in failures] == [("too-greedy", "refused")]
+    bases = {row["release_id"]: row["scale_basis"] for row in audit_answer(path, "scale-basis")}
+    assert bases["test-release"] == "diameter" and bases["bounded"] == "bounds"
+    (verdict,) = audit_answer(path, "verify")
+    assert verdict["ok"] in (True, 1)
+
+
+def test_each_run_attaches_its_report_artifacts(store, synthetic_spec_dict):
+    from prefect.client.orchestration import get_client
+    from prefect.client.schemas.filters import ArtifactFilter, ArtifactFilterKey
+
+    governed_release(parse_spec({**synthetic_spec_dict, "release_id": "artifact-check"}))
+    with get_client(sync_client=True) as client:
+        artifacts = client.read_artifacts(
+            artifact_filter=ArtifactFilter(key=ArtifactFilterKey(any_=["release-artifact-check", "release-artifact-check-summary"]))
+        )
+    kinds = {artifact.key: artifact.type for artifact in artifacts}
+    assert kinds == {"release-artifact-check": "markdown", "release-artifact-check-summary": "table"}
+    markdown = next(a.data for a in artifacts if a.type == "markdown")
+    assert "not** ε-differentially private" in markdown and "k_anonymous_groups" in markdown
