@@ -15,38 +15,19 @@ import argparse
 import asyncio
 import json
 import os
-import signal
-import socket
 import subprocess
 import sys
 import tempfile
 import time
-import urllib.request
 from pathlib import Path
 
 import yaml
 
+from kepsilon.local_server import prefect_server, stop
+
 ROOT = Path(__file__).resolve().parent.parent
 BIN = Path(sys.executable).parent
 DEPLOYMENT = "governed-release/paper-synthetic-nightly"
-
-
-def free_port() -> int:
-    with socket.socket() as probe:
-        probe.bind(("127.0.0.1", 0))
-        return probe.getsockname()[1]
-
-
-def wait_healthy(api_url: str, seconds: float = 120) -> None:
-    deadline = time.monotonic() + seconds
-    while time.monotonic() < deadline:
-        try:
-            with urllib.request.urlopen(f"{api_url}/health", timeout=2) as response:
-                if response.status == 200:
-                    return
-        except OSError:
-            time.sleep(0.5)
-    raise SystemExit(f"Prefect server at {api_url} did not become healthy in {seconds:.0f} s")
 
 
 def prefect(*args: str, env: dict) -> str:
@@ -93,64 +74,53 @@ def main() -> int:
     args = parser.parse_args()
 
     work = Path(tempfile.mkdtemp(prefix="kepsilon-deploy-"))
-    port = free_port()
-    env = {
-        **os.environ,
-        "PREFECT_HOME": str(work / "prefect"),
-        "PREFECT_API_URL": f"http://127.0.0.1:{port}/api",
-        "PREFECT_SERVER_ANALYTICS_ENABLED": "false",
-        "PREFECT_RESULTS_PERSIST_BY_DEFAULT": "false",
-        "KEPSILON_PROJECT_DIR": str(ROOT),
-        "KEPSILON_AUDIT_DB": str(work / "audit.db"),
-        "KEPSILON_SEED_KEY_FILE": str(work / "seed.key"),
-    }
-    os.environ.update(env)
-    subprocess.run(
-        [str(BIN / "kepsilon"), "audit", "set-cap", "paper-synthetic-people", "10", "--by", "check", "--reason", "check"],
-        cwd=ROOT, env=env, check=True, capture_output=True,
-    )
-    server = subprocess.Popen(
-        [str(BIN / "prefect"), "server", "start", "--host", "127.0.0.1", "--port", str(port)],
-        cwd=ROOT, env=env, stdout=open(work / "server.log", "w"), stderr=subprocess.STDOUT,
-    )
-    worker = None
     failures: list[str] = []
-    try:
-        wait_healthy(env["PREFECT_API_URL"])
+    with prefect_server(work / "prefect") as server_env:
+        env = {
+            **server_env,
+            "KEPSILON_PROJECT_DIR": str(ROOT),
+            "KEPSILON_AUDIT_DB": str(work / "audit.db"),
+            "KEPSILON_SEED_KEY_FILE": str(work / "seed.key"),
+        }
+        os.environ.update(env)
+        subprocess.run(
+            [str(BIN / "kepsilon"), "audit", "set-cap", "paper-synthetic-people", "10", "--by", "check", "--reason", "check"],
+            cwd=ROOT, env=env, check=True, capture_output=True,
+        )
         prefect("work-pool", "create", "kepsilon-process", "--type", "process", "--overwrite", env=env)
         prefect("--no-prompt", "deploy", "--all", "--prefect-file", "deployments/prefect.yaml", env=env)
         worker = subprocess.Popen(
             [str(BIN / "prefect"), "worker", "start", "--pool", "kepsilon-process"],
             cwd=ROOT, env=env, stdout=open(work / "worker.log", "w"), stderr=subprocess.STDOUT,
         )
-        output_dir = work / "out"
-        parameters = changed_parameters(args.k, args.epsilon, output_dir)
-        flow_run_id, state = asyncio.run(run_and_wait(parameters, args.timeout))
-        check(f"deployment run {flow_run_id} completed (state {state})", state == "COMPLETED", failures)
-
-        release = output_dir / parameters["spec"]["release_id"]
-        manifest_path = release / "manifest.json"
-        check("manifest.json published", manifest_path.exists(), failures)
-        if manifest_path.exists():
-            import pandas as pd
-
-            manifest = json.loads(manifest_path.read_text())
-            check(f"manifest records the changed k={args.k}", manifest["k"] == args.k, failures)
-            check(f"manifest records the changed ε={args.epsilon}", manifest["epsilon"] == args.epsilon, failures)
-            check("manifest names the deployment's flow run", manifest["execution"]["flow_run_id"] == flow_run_id, failures)
-            published = pd.read_csv(release / "data.csv")
-            smallest = published.groupby(manifest["roles"]["k_quasi"]).size().min()
-            check(f"published file is {args.k}-anonymous (smallest group {smallest})", smallest >= args.k, failures)
-    finally:
-        for process in (worker, server):
-            if process is not None and process.poll() is None:
-                process.send_signal(signal.SIGINT)  # the worker ignores SIGTERM
-                try:
-                    process.wait(timeout=30)
-                except subprocess.TimeoutExpired:
-                    process.kill()
+        try:
+            check_run(args, work / "out", failures)
+        finally:
+            stop(worker)
     print(f"{'OK' if not failures else 'FAILED'}: deployment check ({len(failures)} failure(s)); logs in {work}")
     return 1 if failures else 0
+
+
+def check_run(args, output_dir: Path, failures: list[str]) -> None:
+    """Run the deployment with changed k and ε and check what it published."""
+    import pandas as pd
+
+    parameters = changed_parameters(args.k, args.epsilon, output_dir)
+    flow_run_id, state = asyncio.run(run_and_wait(parameters, args.timeout))
+    check(f"deployment run {flow_run_id} completed (state {state})", state == "COMPLETED", failures)
+
+    release = output_dir / parameters["spec"]["release_id"]
+    manifest_path = release / "manifest.json"
+    check("manifest.json published", manifest_path.exists(), failures)
+    if not manifest_path.exists():
+        return
+    manifest = json.loads(manifest_path.read_text())
+    check(f"manifest records the changed k={args.k}", manifest["k"] == args.k, failures)
+    check(f"manifest records the changed ε={args.epsilon}", manifest["epsilon"] == args.epsilon, failures)
+    check("manifest names the deployment's flow run", manifest["execution"]["flow_run_id"] == flow_run_id, failures)
+    published = pd.read_csv(release / "data.csv")
+    smallest = published.groupby(manifest["roles"]["k_quasi"]).size().min()
+    check(f"published file is {args.k}-anonymous (smallest group {smallest})", smallest >= args.k, failures)
 
 
 if __name__ == "__main__":

@@ -7,23 +7,18 @@ start-up each time.
 
 from __future__ import annotations
 
-import contextlib
 import hashlib
 import json
-import os
-import signal
-import socket
 import sqlite3
 import subprocess
 import sys
 import tempfile
-import time
-import urllib.request
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Iterator
 
 import yaml
+
+from kepsilon.local_server import prefect_server  # noqa: F401  (used by run.py and the tests through here)
 
 ROOT = Path(__file__).resolve().parent.parent
 BIN = Path(sys.executable).parent
@@ -54,57 +49,6 @@ class Results:
 
     def failed(self) -> list[Check]:
         return [c for c in self.checks if not c.ok]
-
-
-def free_port() -> int:
-    with socket.socket() as probe:
-        probe.bind(("127.0.0.1", 0))
-        return probe.getsockname()[1]
-
-
-def _wait_healthy(api_url: str, seconds: float = 120) -> None:
-    deadline = time.monotonic() + seconds
-    while time.monotonic() < deadline:
-        try:
-            with urllib.request.urlopen(f"{api_url}/health", timeout=2) as response:
-                if response.status == 200:
-                    return
-        except OSError:
-            time.sleep(0.5)
-    raise RuntimeError(f"Prefect server at {api_url} did not become healthy in {seconds:.0f} s")
-
-
-@contextlib.contextmanager
-def prefect_server(home: Path) -> Iterator[dict]:
-    """A real local Prefect server with its own PREFECT_HOME; yields the env a client needs."""
-    home.mkdir(parents=True, exist_ok=True)
-    port = free_port()
-    env = {
-        **os.environ,
-        "PREFECT_HOME": str(home),
-        "PREFECT_API_URL": f"http://127.0.0.1:{port}/api",
-        "PREFECT_SERVER_ANALYTICS_ENABLED": "false",
-        "PREFECT_RESULTS_PERSIST_BY_DEFAULT": "false",
-        "DO_NOT_TRACK": "1",
-    }
-    env.pop("KEPSILON_FAULT_AT", None)
-    log = open(home / "server.log", "wb")
-    server = subprocess.Popen(
-        [str(BIN / "prefect"), "server", "start", "--host", "127.0.0.1", "--port", str(port)],
-        cwd=home, env=env, stdout=log, stderr=subprocess.STDOUT, start_new_session=True,
-    )
-    try:
-        _wait_healthy(env["PREFECT_API_URL"])
-        yield env
-    finally:
-        if server.poll() is None:
-            server.send_signal(signal.SIGINT)
-            try:
-                server.wait(timeout=30)
-            except subprocess.TimeoutExpired:
-                server.kill()
-                server.wait()
-        log.close()
 
 
 def spec_dict(work: Path, release_id: str, **overrides) -> dict:
