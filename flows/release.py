@@ -18,12 +18,11 @@ from kepsilon.flows.manifest import base_manifest, idempotency_key
 from kepsilon.flows.report import publish_report_artifacts
 from kepsilon.flows.spec import ReleaseSpec
 from kepsilon.tasks.classify import classify_attributes
-from kepsilon.tasks.errors import ValidationFailed
+from kepsilon.tasks.errors import KepsilonError, ValidationFailed
 from kepsilon.tasks.ingest import ingest_source
 from kepsilon.tasks.k_anonymise import k_anonymise_records
 from kepsilon.tasks.metrics import measure_release
 from kepsilon.tasks.perturb import perturb_records
-from kepsilon.tasks.errors import KepsilonError
 from kepsilon.tasks.publish import merge_and_shuffle, publish_release
 from kepsilon.tasks.record import check_approval, record_outcome, reserve_epsilon, store_location
 from kepsilon.tasks.suppress import suppress_linkable
@@ -91,7 +90,7 @@ def _perturb_check_publish(spec, key, table, partition, reservation, store, mani
     validation = check_release(release, spec, manifest["rows_in"], sum(manifest["rows_removed"].values()))
     manifest["checks"] = validation.checks
     if not validation.success:
-        raise ValidationFailed([check["name"] for check in validation.checks if not check["success"]])
+        raise ValidationFailed(validation.failed_checks)
 
     publication = publish_release(release, manifest, spec.output_dir)
     manifest.update(publication.report())
