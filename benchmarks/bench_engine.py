@@ -1,9 +1,10 @@
-"""Benchmark cases for the whole (k,ε) engine: Mondrian → perturb → confidence suppression → metrics → shuffle.
+"""Benchmark cases for the whole (k,ε) engine: k-anonymise → perturb → confidence suppression → merge
+and shuffle → metrics, through the same plain stage functions a release's tasks call.
 
-Set-up of the bundled release spec (releases/paper-synthetic.yaml): k-quasis YOB, GENDER, RACE,
-MARITAL_STATUS with their hierarchies, HEIGHT as the ε-quasi, k = 10, ε = 1, c = 0.99, diameter
-basis. Reading the CSV and the hierarchies is not timed; everything from the loaded frame to the
-shuffled released frame and its metrics is.
+Set-up: the bundled release spec (releases/paper-synthetic.yaml): k-quasis YOB, GENDER, RACE,
+MARITAL_STATUS with their hierarchies, HEIGHT as the ε-quasi, k = 10, ε = 1, c = 0.99, diameter basis,
+Mondrian. Reading the CSV is not timed; everything from the loaded frame to the shuffled release and
+its metrics is, including reading the four small hierarchy files, as a release does.
 
 ``engine-1m`` runs the same engine on 1,000,000 rows resampled with replacement (fixed seed) from
 the sample's k-quasi columns and heights, so the table has the sample's shape at 31× its size.
@@ -11,34 +12,30 @@ the sample's k-quasi columns and heights, so the table has the sample's shape at
 
 import time
 from pathlib import Path
-from types import SimpleNamespace
 
 import numpy as np
 import pandas as pd
 
-from kepsilon.tasks.hierarchy import load_hierarchy
-from kepsilon.tasks.k_anonymise import mondrian
-from kepsilon.tasks.metrics import class_statistics, linking_risk, measured_relative_error, predicted_relative_error
+from kepsilon.flows.spec import ReleaseSpec, load_spec
+from kepsilon.tasks.k_anonymise import k_anonymise
+from kepsilon.tasks.metrics import release_metrics
 from kepsilon.tasks.perturb import perturb, release_generators
-from kepsilon.tasks.suppress import confidence_suppress
+from kepsilon.tasks.publish import assemble_release
+from kepsilon.tasks.suppress import suppress_records
 
-DATA = Path(__file__).resolve().parents[1] / "data" / "paper-synthetic"
-K_QUASIS = ["YOB", "GENDER", "RACE", "MARITAL_STATUS"]
-E_QUASI = "HEIGHT"
-K = 10
-EPSILON = 1.0
-CONFIDENCE = 0.99
+SPEC = Path(__file__).resolve().parents[1] / "releases" / "paper-synthetic.yaml"
 # A benchmark is not a release: a fixed seed keeps its runs comparable. Never do this for a release.
 BENCH_SEED = bytes(range(32))
 RESAMPLE_SEED = 20240501
 LARGE_ROWS = 1_000_000
 
 
-def load_sample() -> tuple[pd.DataFrame, dict]:
-    """The sample's k-quasi and ε-quasi columns, and the k-quasi hierarchies."""
-    frame = pd.read_csv(DATA / "people.csv", sep=";", usecols=K_QUASIS + [E_QUASI])
-    hierarchies = {column: load_hierarchy(DATA / "hierarchies" / f"{column}.csv", column) for column in K_QUASIS}
-    return frame, hierarchies
+def load_sample() -> tuple[pd.DataFrame, ReleaseSpec]:
+    """The sample's k-quasi and ε-quasi columns, and the release spec that names them."""
+    spec = load_spec(SPEC)
+    roles = spec.roles.names()
+    frame = pd.read_csv(spec.source.path, sep=spec.source.delimiter, usecols=roles["k_quasi"] + roles["e_quasi"])
+    return frame, spec
 
 
 def resampled(frame: pd.DataFrame, n_rows: int, seed: int) -> pd.DataFrame:
@@ -47,51 +44,41 @@ def resampled(frame: pd.DataFrame, n_rows: int, seed: int) -> pd.DataFrame:
     return frame.iloc[rows].reset_index(drop=True)
 
 
-def run_engine(frame: pd.DataFrame, hierarchies: dict, seed: bytes = BENCH_SEED) -> tuple[pd.DataFrame, dict]:
-    """The engine end to end on a loaded frame: the shuffled released frame and a summary."""
-    partition = mondrian(frame, K_QUASIS, K, hierarchies)
-    kept_frame = frame[partition.kept]
+def run_engine(frame: pd.DataFrame, spec: ReleaseSpec, seed: bytes = BENCH_SEED) -> tuple[pd.DataFrame, dict]:
+    """The engine end to end on a loaded frame: the shuffled released frame and the manifest's metrics."""
+    partition = k_anonymise(frame, spec)
+    kept = frame[partition.kept]
     class_ids = partition.class_ids[partition.kept]
     noise_rng, shuffle_rng = release_generators(seed)
-    perturbed = perturb(
-        kept_frame, class_ids, [SimpleNamespace(column=E_QUASI, lower=None, upper=None)], {E_QUASI: EPSILON}, "diameter", noise_rng
+    perturbed = perturb(kept, class_ids, spec.roles.e_quasi, spec.epsilon_split(), spec.scale_basis, noise_rng)
+    suppression = suppress_records(kept, perturbed.frame, class_ids, perturbed.scales, spec)
+    released = assemble_release(
+        partition.released[partition.kept],
+        kept,
+        perturbed.frame,
+        suppression.removed,
+        shuffle_rng.permutation(len(kept)),
+        spec.roles.names(),
     )
-    original = kept_frame[E_QUASI].to_numpy()
-    noisy = perturbed.frame[E_QUASI].to_numpy()
-    suppression = confidence_suppress(original, noisy, class_ids, perturbed.scales[E_QUASI], K, CONFIDENCE)
-    keep = ~suppression.removed
-    released = partition.released[partition.kept][keep].copy()
-    released[E_QUASI] = noisy[keep]
-    released = released.iloc[shuffle_rng.permutation(len(released))].reset_index(drop=True)
-    n_suppressed = int((~partition.kept).sum() + suppression.removed.sum())
-    summary = {
-        "predicted_error": predicted_relative_error(original, class_ids, EPSILON),
-        "measured_error": measured_relative_error(original[keep], noisy[keep]),
-        "linking_risk": linking_risk(original[keep], noisy[keep], class_ids[keep]),
-        "confidence_suppressed": int(suppression.removed.sum()),
-        **class_statistics(class_ids[keep], n_suppressed),
-    }
-    return released, summary
+    return released, release_metrics(kept, perturbed.frame, class_ids, partition, suppression, spec)
 
 
-def _timed_engine(frame: pd.DataFrame, hierarchies: dict) -> tuple[int, float]:
+def _timed_engine(frame: pd.DataFrame, spec: ReleaseSpec) -> tuple[int, float]:
     started = time.perf_counter()
-    run_engine(frame, hierarchies)
+    run_engine(frame, spec)
     return len(frame), time.perf_counter() - started
 
 
 def engine_32k() -> tuple[int, float]:
     """Benchmark case ``engine-32k``: the engine on the 32,440-row sample."""
-    frame, hierarchies = load_sample()
-    return _timed_engine(frame, hierarchies)
+    return _timed_engine(*load_sample())
 
 
 def engine_1m() -> tuple[int, float]:
     """Benchmark case ``engine-1m``: the engine on 1,000,000 rows resampled from the sample."""
-    frame, hierarchies = load_sample()
-    return _timed_engine(resampled(frame, LARGE_ROWS, RESAMPLE_SEED), hierarchies)
+    frame, spec = load_sample()
+    return _timed_engine(resampled(frame, LARGE_ROWS, RESAMPLE_SEED), spec)
 
 
 if __name__ == "__main__":
-    sample, sample_hierarchies = load_sample()
-    print(run_engine(sample, sample_hierarchies)[1])
+    print(run_engine(*load_sample())[1])

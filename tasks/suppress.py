@@ -195,12 +195,8 @@ def confidence_suppress_columns(
     return SuppressionResult(record_rule=record_rule, class_rule=class_rule, removed=removed, report=report)
 
 
-# --- Prefect task (thin wrapper; the functions above know nothing of Prefect) -----------------
-
-
-@task(name="suppress", cache_policy=NO_CACHE, persist_result=False)
-def suppress_linkable(original: pd.DataFrame, noisy: pd.DataFrame, class_ids: np.ndarray, scales: dict, spec):
-    """Prefect task: c-confident suppression over the spec's ε-quasis."""
+def suppress_records(original: pd.DataFrame, noisy: pd.DataFrame, class_ids: np.ndarray, scales: dict, spec):
+    """c-confident suppression over the spec's ε-quasis, with its k and confidence."""
     columns = [quasi.column for quasi in spec.roles.e_quasi]
     return confidence_suppress_columns(
         {c: original[c].to_numpy(dtype=np.float64) for c in columns},
@@ -210,3 +206,12 @@ def suppress_linkable(original: pd.DataFrame, noisy: pd.DataFrame, class_ids: np
         spec.k,
         spec.confidence,
     )
+
+
+# --- Prefect task (thin wrapper; the functions above know nothing of Prefect) -----------------
+
+
+@task(name="suppress", cache_policy=NO_CACHE, persist_result=False)
+def suppress_linkable(original: pd.DataFrame, noisy: pd.DataFrame, class_ids: np.ndarray, scales: dict, spec):
+    """Prefect task: c-confident suppression over the spec's ε-quasis."""
+    return suppress_records(original, noisy, class_ids, scales, spec)
