@@ -18,6 +18,8 @@ from pathlib import Path
 
 import yaml
 
+from kepsilon.flows.spec import load_spec
+
 from kepsilon.local_server import prefect_server  # noqa: F401  (used by run.py and the tests through here)
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -52,29 +54,9 @@ class Results:
 
 
 def spec_dict(work: Path, release_id: str, **overrides) -> dict:
-    """The paper-synthetic release with absolute paths, publishing under ``work/out``."""
-    hierarchies = SYNTHETIC / "hierarchies"
-    spec = {
-        "release_id": release_id,
-        "population_id": POPULATION,
-        "source": {"path": str(SYNTHETIC / "people.csv"), "delimiter": ";"},
-        "roles": {
-            "explicit": ["ID", "NAME", "SURNAME", "EMAIL", "ZIP", "WEIGHT"],
-            "k_quasi": [
-                {"column": c, "hierarchy": str(hierarchies / f"{c}.csv")} for c in ["YOB", "GENDER", "RACE", "MARITAL_STATUS"]
-            ],
-            "e_quasi": [{"column": "HEIGHT", "lower": 130, "upper": 210}],
-            "sensitive": ["RELIGION", "ICD"],
-        },
-        "k": 10,
-        "epsilon": 1.0,
-        "algorithm": "mondrian",
-        "scale_basis": "diameter",
-        "confidence": 0.99,
-        "suppression_budget": 0.05,
-        "output_dir": str(work / "out"),
-        "operator": "reliability",
-    }
+    """The shipped paper-synthetic release (absolute paths), publishing under ``work/out``."""
+    spec = load_spec(ROOT / "releases" / "paper-synthetic.yaml").model_dump(mode="json")
+    spec.update(release_id=release_id, population_id=POPULATION, output_dir=str(work / "out"), operator="reliability")
     spec.update(overrides)
     return spec
 

@@ -9,26 +9,18 @@ SYNTHETIC = ROOT / "data" / "paper-synthetic"
 ADULT = ROOT / "data" / "adult"
 
 
+def release_spec_dict(name: str, **changes) -> dict:
+    """A shipped release spec (``releases/<name>.yaml``) as a mapping with absolute paths, changed as asked."""
+    from kepsilon.flows.spec import load_spec
+
+    spec = load_spec(ROOT / "releases" / f"{name}.yaml").model_dump(mode="json")
+    spec.update(changes)
+    return spec
+
+
 @pytest.fixture
 def synthetic_spec_dict(tmp_path) -> dict:
-    """The paper-synthetic release as a mapping, publishing under a temporary folder."""
-    hierarchies = SYNTHETIC / "hierarchies"
-    return {
-        "release_id": "test-release",
-        "population_id": "test-population",
-        "source": {"path": str(SYNTHETIC / "people.csv"), "delimiter": ";"},
-        "roles": {
-            "explicit": ["ID", "NAME", "SURNAME", "EMAIL", "ZIP", "WEIGHT"],
-            "k_quasi": [
-                {"column": c, "hierarchy": str(hierarchies / f"{c}.csv")}
-                for c in ["YOB", "GENDER", "RACE", "MARITAL_STATUS"]
-            ],
-            "e_quasi": [{"column": "HEIGHT", "lower": 130, "upper": 210}],
-            "sensitive": ["RELIGION", "ICD"],
-        },
-        "k": 10,
-        "epsilon": 1.0,
-        "confidence": 0.99,
-        "suppression_budget": 0.05,
-        "output_dir": str(tmp_path / "out"),
-    }
+    """The shipped paper-synthetic release, under test names, publishing under a temporary folder."""
+    return release_spec_dict(
+        "paper-synthetic", release_id="test-release", population_id="test-population", output_dir=str(tmp_path / "out")
+    )
