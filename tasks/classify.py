@@ -24,9 +24,6 @@ class ClassifiedTable:
     frame: pd.DataFrame
     roles: dict[str, list[str]]
 
-    def report(self) -> dict:
-        return {"explicit_removed": len(self.roles["explicit"]), "columns_kept": len(self.frame.columns)}
-
 
 def check_roles(columns: list[str], roles: Roles) -> None:
     """Every column has a role and every roled column exists; errors name the column."""
