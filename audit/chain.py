@@ -8,22 +8,25 @@ chain, and — against a checkpoint exported outside the store — a truncated t
 
 from __future__ import annotations
 
+import contextlib
+import hashlib
 import json
 import os
+import sqlite3
 from pathlib import Path
 
 import sqlite_utils
 
 from kepsilon.tasks.errors import KepsilonError
 
+from .errors import error_label, sqlite_cause
 from .store import (
     AUDITED_TABLES,
     GENESIS_HASH,
     PROTECTED_TABLES,
+    RowEncoder,
     append,
-    chain_hash,
     now,
-    row_content,
     write_transaction,
 )
 
@@ -34,50 +37,114 @@ class ChainBroken(KepsilonError):
     """The chain does not verify; no checkpoint may bless it."""
 
 
-def _check_entries(conn, problems: list[str]) -> tuple[int, dict[int, str]]:
-    """Recompute every entry; returns the entry count and hash by seq."""
-    hashes: dict[int, str] = {}
-    previous = GENESIS_HASH
-    expected_seq = 1
+def _connection(db) -> sqlite3.Connection:
+    """The sqlite3 connection of a sqlite_utils Database, or the connection itself."""
+    return db.conn if isinstance(db, sqlite_utils.Database) else db
+
+
+def _check_entries(conn, problems: list[tuple[int, str]]) -> int:
+    """Recompute every entry from its row and the stored hash before it; returns the entry count.
+
+    Each entry is checked on its own against its predecessor's *stored* hash, so one tampered entry is
+    reported once, not as a cascade. The chain is read in order while each table is read alongside it
+    in rowid order (rows are chained in the order they are inserted), so nothing is held in memory and
+    each row is fetched once. The same walk finds rows that no entry covers (inserted outside the
+    chain) and entries whose row is gone (deleted).
+    """
+    sha256 = hashlib.sha256
+    tables: dict[str, _TableRows] = {}
+    previous, expected, count = GENESIS_HASH, 1, 0
     for seq, table, row_id, stored in conn.execute("SELECT seq, table_name, row_id, entry_hash FROM chain ORDER BY seq"):
-        if seq != expected_seq:
-            problems.append(f"chain entries {expected_seq}..{seq - 1} are missing")
-        expected_seq = seq + 1
-        content = row_content(conn, table, row_id) if table in AUDITED_TABLES else None
-        if content is None:
-            problems.append(f"chain entry {seq}: row {table}#{row_id} is missing (deleted)")
-        elif chain_hash(previous, content) != stored:
-            problems.append(f"chain entry {seq}: row {table}#{row_id} does not match its hash (edited, or chain altered)")
-        # Continue from the stored hash so one tampered entry is reported once, not as a cascade.
+        count += 1
+        if seq != expected:
+            problems.append((seq, f"chain entry {seq}: entries {expected}..{seq - 1} before it are missing"))
+        expected = seq + 1
+        rows = tables.get(table)
+        if rows is None:
+            if table not in AUDITED_TABLES:
+                problems.append((seq, f"chain entry {seq}: row {table}#{row_id} is missing (not an audited table)"))
+                previous = stored
+                continue
+            rows = tables[table] = _TableRows(conn, table)
+        current = rows.current
+        if current is not None and current[0] == row_id:  # the usual case: the next row of its table
+            rows.current = next(rows.cursor, None)
+            values = current
+        else:
+            values = rows.take(row_id)
+        if values is None:
+            problems.append((seq, f"chain entry {seq}: row {table}#{row_id} is missing (deleted)"))
+        elif sha256((previous + rows.content(values)).encode("utf-8")).hexdigest() != stored:
+            problems.append((seq, f"chain entry {seq}: row {table}#{row_id} does not match its hash (edited, or chain altered)"))
         previous = stored
-        hashes[seq] = stored
-    return expected_seq - 1, hashes
-
-
-def _check_coverage(conn, problems: list[str]) -> None:
-    """Every row of every audited table must be covered by a chain entry."""
     for table in AUDITED_TABLES:
-        unchained = conn.execute(
-            f"SELECT COUNT(*) FROM (SELECT rowid FROM [{table}] EXCEPT SELECT row_id FROM chain WHERE table_name = ?)",
-            (table,),
-        ).fetchone()[0]
-        if unchained:
-            problems.append(f"table {table}: {unchained} row(s) not covered by the chain (inserted outside it)")
+        rows = tables.get(table)
+        if rows is not None:
+            uncovered = rows.left_over()
+        else:
+            uncovered = conn.execute(f"SELECT COUNT(*) FROM [{table}]").fetchone()[0]
+        if uncovered:
+            problems.append((count + 1, f"table {table}: {uncovered} row(s) not covered by the chain (inserted outside it)"))
+    return count
 
 
-def _check_triggers(conn, problems: list[str]) -> None:
-    present = {name for (name,) in conn.execute("SELECT name FROM sqlite_master WHERE type = 'trigger'")}
+class _TableRows:
+    """One audited table read in rowid order, in step with the chain's entries for it."""
+
+    def __init__(self, conn, table: str):
+        self.conn, self.table = conn, table
+        self.cursor = conn.execute(f"SELECT rowid, * FROM [{table}] ORDER BY rowid")
+        self.content = RowEncoder(table, [d[0] for d in self.cursor.description][1:], offset=1).content
+        self.current = next(self.cursor, None)
+        self.passed: dict[int, tuple] = {}  # rows walked past without an entry (so far)
+
+    def take(self, row_id: int):
+        """The row for an entry that is not the next one in order: ahead, walked past, duplicated or gone."""
+        current = self.current
+        while current is not None and current[0] < row_id:
+            self.passed[current[0]] = current
+            current = next(self.cursor, None)
+        if current is not None and current[0] == row_id:
+            self.current = next(self.cursor, None)
+            return current
+        self.current = current
+        if row_id in self.passed:
+            return self.passed.pop(row_id)
+        # Already taken by an earlier entry (a duplicated entry), or not there at all.
+        return self.conn.execute(f"SELECT rowid, * FROM [{self.table}] WHERE rowid = ?", (row_id,)).fetchone()
+
+    def left_over(self) -> int:
+        """Rows no entry took."""
+        rest = 0 if self.current is None else 1 + sum(1 for _ in self.cursor)
+        return len(self.passed) + rest
+
+
+# Problems are listed by chain position; those about the store as a whole come after the entries.
+_AFTER_ENTRIES = 2**62
+
+
+def _check_triggers(conn, problems: list[tuple[int, str]]) -> None:
+    """Every protected table keeps both append-only triggers, and each still refuses (RAISE(ABORT …))."""
+    present = {name: sql or "" for name, sql in conn.execute("SELECT name, sql FROM sqlite_master WHERE type = 'trigger'")}
     for table in PROTECTED_TABLES:
         for action in ("update", "delete"):
-            if f"{table}_no_{action}" not in present:
-                problems.append(f"table {table}: append-only trigger against {action.upper()} is missing")
+            name = f"{table}_no_{action}"
+            if name not in present:
+                problems.append((_AFTER_ENTRIES, f"table {table}: append-only trigger against {action.upper()} is missing"))
+            elif "RAISE(ABORT" not in present[name].upper().replace(" ", ""):
+                problems.append((_AFTER_ENTRIES, f"table {table}: append-only trigger against {action.upper()} no longer refuses"))
 
 
-def _check_head(label: str, count: int, head: str, length: int, hashes: dict[int, str], problems: list[str]) -> None:
+def _hash_at(conn, seq: int) -> str | None:
+    row = conn.execute("SELECT entry_hash FROM chain WHERE seq = ?", (seq,)).fetchone()
+    return row[0] if row else None
+
+
+def _check_head(label: str, count: int, head: str, length: int, conn, problems: list[tuple[int, str]]) -> None:
     if length < count:
-        problems.append(f"{label}: the chain has {length} entries, fewer than the {count} checkpointed (truncated)")
-    elif count > 0 and hashes.get(count) != head:
-        problems.append(f"{label}: entry {count} does not match the checkpointed head (history rewritten)")
+        problems.append((0, f"{label}: the chain has {length} entries, fewer than the {count} checkpointed (truncated)"))
+    elif count > 0 and _hash_at(conn, count) != head:
+        problems.append((0, f"{label}: entry {count} does not match the checkpointed head (history rewritten)"))
 
 
 def read_checkpoint(path: str | Path) -> dict:
@@ -91,28 +158,68 @@ def read_checkpoint(path: str | Path) -> dict:
     return data
 
 
-def verify_chain(db: sqlite_utils.Database, checkpoint: str | Path | None = None) -> tuple[bool, list[str]]:
+def verify_chain(db: sqlite_utils.Database | sqlite3.Connection, checkpoint: str | Path | None = None) -> tuple[bool, list[str]]:
     """Recompute the chain from the stored rows; compare with the last recorded checkpoint and ``checkpoint``.
 
-    Returns ``(ok, problems)``; each problem names the table, row id and chain position affected.
+    Returns ``(ok, problems)``; each problem names the table, row id and chain position affected. Reads
+    one consistent snapshot (a concurrent writer cannot make a half-seen commit look like tampering).
+    A file too damaged to read, or text that is not UTF-8, is reported as a problem, never raised:
+    ``StoreUnavailable``/``StoreCompromised`` are for the callers (``integrity.py``) to decide.
     """
-    conn = db.conn
-    problems: list[str] = []
-    length, hashes = _check_entries(conn, problems)
-    _check_coverage(conn, problems)
+    conn = _connection(db)
+    data = read_checkpoint(checkpoint) if checkpoint is not None else None
+    problems: list[tuple[int, str]] = []
+    factory = conn.text_factory
+    with _snapshot(conn):
+        try:
+            try:
+                _verify(conn, checkpoint, data, problems)
+            except sqlite3.OperationalError as error:
+                if "Could not decode to UTF-8" not in str(error):
+                    raise
+                # Corrupted text: read again leniently (U+FFFD for bad bytes), so the hash check names the
+                # rows it sits in; strict decoding stays the fast, normal path.
+                problems[:] = [(0, "the store holds bytes that are not valid UTF-8 text (corrupted file)")]
+                conn.text_factory = lambda raw: raw.decode("utf-8", errors="replace")
+                _verify(conn, checkpoint, data, problems)
+        except sqlite3.DatabaseError as error:
+            cause = sqlite_cause(error)
+            if cause is None:
+                raise
+            problems.append((0, f"the store file {cause}: SQLite stopped reading it ({error_label(error)})"))
+        finally:
+            conn.text_factory = factory
+    problems.sort(key=lambda item: item[0])
+    return (not problems, [message for _, message in problems])
+
+
+def _verify(conn, checkpoint, data, problems: list[tuple[int, str]]) -> None:
+    length = _check_entries(conn, problems)
     _check_triggers(conn, problems)
     last = conn.execute("SELECT entry_count, head_hash FROM checkpoints ORDER BY id DESC LIMIT 1").fetchone()
     if last is not None:
-        _check_head("last recorded checkpoint", last[0], last[1], length, hashes, problems)
-    if checkpoint is not None:
-        data = read_checkpoint(checkpoint)
-        _check_head(f"checkpoint file {Path(checkpoint).name}", data["entry_count"], data["head_hash"], length, hashes, problems)
-    return (not problems, problems)
+        _check_head("last recorded checkpoint", last[0], last[1], length, conn, problems)
+    if data is not None:
+        _check_head(f"checkpoint file {Path(checkpoint).name}", data["entry_count"], data["head_hash"], length, conn, problems)
 
 
-def chain_head(db: sqlite_utils.Database) -> tuple[int, str]:
+@contextlib.contextmanager
+def _snapshot(conn: sqlite3.Connection):
+    """A read transaction (one WAL snapshot) unless the caller already holds one."""
+    if conn.in_transaction:
+        yield
+        return
+    conn.execute("BEGIN")
+    try:
+        yield
+    finally:
+        with contextlib.suppress(sqlite3.Error):
+            conn.execute("ROLLBACK")
+
+
+def chain_head(db: sqlite_utils.Database | sqlite3.Connection) -> tuple[int, str]:
     """(number of entries, hash of the last entry) — the genesis hash for an empty chain."""
-    row = db.conn.execute("SELECT seq, entry_hash FROM chain ORDER BY seq DESC LIMIT 1").fetchone()
+    row = _connection(db).execute("SELECT seq, entry_hash FROM chain ORDER BY seq DESC LIMIT 1").fetchone()
     return (row[0], row[1]) if row else (0, GENESIS_HASH)
 
 

@@ -3,14 +3,22 @@
 Read commands answer governance.md's questions 1–10 with ``--format table|csv|json``; write commands
 (set-cap, approve, unseal, checkpoint) each record who and why. A seed is never printed unless asked
 for explicitly with ``--out -``.
+
+Every command but ``verify`` first runs the same store check as a release (``integrity.check_store``):
+an answer from a tampered or rolled-back store would mislead, and a write would build on it. A store
+that fails it, or that SQLite cannot read or write, is refused with one line on stderr and exit code 2,
+never a traceback; ``verify`` lists every problem, then says so the same way.
 """
 
 from __future__ import annotations
 
+import contextlib
 import csv
 import io
 import json
 import os
+import sqlite3
+from collections.abc import Iterator
 from enum import Enum
 from pathlib import Path
 from typing import Annotated, Optional
@@ -23,7 +31,9 @@ from kepsilon.tasks.errors import KepsilonError
 
 from . import queries
 from .approvals import approve as record_approval
-from .chain import verify_chain, write_checkpoint
+from .chain import write_checkpoint
+from .errors import sqlite_cause, unavailable
+from .integrity import check_store, inspect_store
 from .ledger import set_cap as record_cap
 from .seeds import unseal_seed
 from .store import open_store, store_path
@@ -63,12 +73,37 @@ def _main(
     ctx.obj = {"db": db}
 
 
-def _store(ctx: typer.Context, *, create: bool = False):
-    """Open the store; read-only questions refuse a missing file rather than create an empty store."""
+def _path(ctx: typer.Context, *, create: bool = False) -> Path:
+    """The store's path; read-only questions refuse a missing file rather than create an empty store."""
     path = store_path(ctx.obj.get("db") if ctx.obj else None)
     if not create and not path.exists():
         _fail(KepsilonError(f"no audit store at {str(path)!r} (use --db or env KEPSILON_AUDIT_DB)"))
-    return open_store(path)
+    return path
+
+
+@contextlib.contextmanager
+def _store(ctx: typer.Context, *, create: bool = False) -> Iterator:
+    """The checked, open store for one command, closed afterwards.
+
+    Refuses (one line, exit 2) a store that fails ``check_store``, and turns any refusal or store
+    error met while the command runs into the same one line.
+    """
+    path = _path(ctx, create=create)
+    try:
+        check_store(path)
+        db = open_store(path)
+    except KepsilonError as error:
+        _fail(error)
+    try:
+        yield db
+    except KepsilonError as error:
+        _fail(error)
+    except sqlite3.Error as error:
+        if sqlite_cause(error) is None:
+            raise
+        _fail(unavailable(str(path), error, "read"))
+    finally:
+        db.close()
 
 
 def _emit(rows: list[dict], fmt: Format, title: str) -> None:
@@ -93,11 +128,9 @@ def _emit(rows: list[dict], fmt: Format, title: str) -> None:
 
 
 def _answer(ctx: typer.Context, name: str, fmt: Format, **params) -> None:
-    db = _store(ctx)
-    try:
-        _emit(queries.run(db, name, **params), fmt, queries.QUERIES[name].title)
-    finally:
-        db.close()
+    with _store(ctx) as db:
+        answer = queries.run(db, name, **params)
+    _emit(answer, fmt, queries.QUERIES[name].title)
 
 
 def _fail(error: Exception) -> None:
@@ -195,33 +228,29 @@ def verify(
     checkpoint: Annotated[Optional[Path], typer.Option(help="checkpoint file exported earlier")] = None,
     format: FormatOption = Format.table,
 ) -> None:
-    """Q10: recompute the hash chain; compare its head with the last checkpoint. Exit 1 if broken."""
-    db = _store(ctx)
+    """Q10: SQLite's integrity check, the hash chain, the checkpoints and the head log. Exit 2 if anything fails.
+
+    Lists every problem (one row each), then one line on stderr; a file too damaged to list anything
+    gets that line alone.
+    """
+    path = _path(ctx)
     try:
-        ok, problems = verify_chain(db, checkpoint)
-        head = queries.run(db, "chain_head")[0]
-    except KepsilonError as error:
+        inspection = inspect_store(path, checkpoint=checkpoint)
+    except KepsilonError as error:  # an unreadable --checkpoint file
         _fail(error)
-    finally:
-        db.close()
-    rows = [{"ok": ok, "entries": head["entries"], "head_hash": head["head_hash"], "problem": p} for p in problems]
-    if ok:
-        rows = [{"ok": ok, "entries": head["entries"], "head_hash": head["head_hash"], "problem": ""}]
-    _emit(rows, format, "Audit chain: intact" if ok else "Audit chain: BROKEN")
-    if not ok:
-        raise typer.Exit(code=1)
+    base = {"ok": inspection.ok, "entries": inspection.entries, "head_hash": inspection.head_hash,
+            "head_log": inspection.head_log}
+    rows = [{**base, "problem": problem} for problem in inspection.problems] or [{**base, "problem": ""}]
+    _emit(rows, format, "Audit store: intact" if inspection.ok else "Audit store: BROKEN")
+    if not inspection.ok:
+        _fail(KepsilonError(inspection.summary(hint="the problems are listed above")))
 
 
 @audit_app.command()
 def checkpoint(ctx: typer.Context, path: Path) -> None:
     """Export the verified chain head (entry count + hash) to PATH, outside the store, and record it."""
-    db = _store(ctx)
-    try:
+    with _store(ctx) as db:
         written = write_checkpoint(db, path)
-    except KepsilonError as error:
-        _fail(error)
-    finally:
-        db.close()
     typer.echo(f"checkpoint: {written['entry_count']} entries, head {written['head_hash']} -> {path}")
 
 
@@ -234,13 +263,8 @@ def set_cap(
     reason: Annotated[str, typer.Option(help="why")],
 ) -> None:
     """Set POPULATION's lifetime ε cap to CAP (a new attributed ledger entry; never an edit)."""
-    db = _store(ctx, create=True)
-    try:
+    with _store(ctx, create=True) as db:
         entry = record_cap(db, population, cap, by, reason)
-    except KepsilonError as error:
-        _fail(error)
-    finally:
-        db.close()
     typer.echo(f"cap of {population!r} set to ε={cap:g} (ledger entry {entry})")
 
 
@@ -253,13 +277,8 @@ def approve(
     reason: Annotated[str, typer.Option(help="why")],
 ) -> None:
     """Approve RELEASE as specified by --spec-hash (two-person rule)."""
-    db = _store(ctx, create=True)
-    try:
+    with _store(ctx, create=True) as db:
         entry = record_approval(db, release_id=release, spec_hash=spec_hash, approver=by, reason=reason)
-    except KepsilonError as error:
-        _fail(error)
-    finally:
-        db.close()
     typer.echo(f"approval {entry} recorded for {release!r}")
 
 
@@ -273,8 +292,7 @@ def unseal(
     idempotency_key: Annotated[Optional[str], typer.Option(help="choose among several seeds of RELEASE")] = None,
 ) -> None:
     """Decrypt RELEASE's seed (recorded: who, why, when) and write it as hex to --out."""
-    db = _store(ctx)
-    try:
+    with _store(ctx) as db:
         seed = unseal_seed(
             db,
             idempotency_key=idempotency_key,
@@ -282,10 +300,6 @@ def unseal(
             by=by,
             reason=reason,
         )
-    except KepsilonError as error:
-        _fail(error)
-    finally:
-        db.close()
     if out == "-":
         typer.echo(seed.hex())
         return

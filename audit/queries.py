@@ -13,6 +13,11 @@ from dataclasses import dataclass
 
 import sqlite_utils
 
+# The officers' policy when a question is asked without one (the CLI's defaults for
+# ``kepsilon audit policy``, and what an empty field means in Datasette): k below 5 or ε above 1.0.
+POLICY_MIN_K = 5
+POLICY_MAX_EPSILON = 1.0
+
 # Lexicographically comparable with the store's "YYYY-MM-DDTHH:MM:SS.ffffffZ" timestamps.
 _TWELVE_MONTHS_AGO = "strftime('%Y-%m-%dT%H:%M:%fZ', 'now', '-12 months')"
 
@@ -49,15 +54,18 @@ SELECT :population AS population_id,
        CASE WHEN cap IS NULL THEN NULL ELSE (cap - in_use) / 1e9 END AS remaining,
        (SELECT COUNT(*) FROM ledger WHERE population_id = :population AND kind = 'cap') AS cap_entries
 FROM totals
+WHERE :population != ''
 """
 
-_POLICY = """
-SELECT id AS record, release_id, outcome, k, epsilon, population_id, operator, finished_at,
-       trim(CASE WHEN k < :min_k THEN 'k below policy ' ELSE '' END
-            || CASE WHEN epsilon > :max_epsilon THEN 'epsilon above policy' ELSE '' END) AS breach
-FROM releases
-WHERE k < :min_k OR epsilon > :max_epsilon
-ORDER BY id
+_POLICY = f"""
+WITH policy AS (SELECT CAST(COALESCE(NULLIF(trim(:min_k), ''), {POLICY_MIN_K}) AS REAL) AS min_k,
+                       CAST(COALESCE(NULLIF(trim(:max_epsilon), ''), {POLICY_MAX_EPSILON}) AS REAL) AS max_epsilon)
+SELECT r.id AS record, r.release_id, r.outcome, r.k, r.epsilon, r.population_id, r.operator, r.finished_at,
+       trim(CASE WHEN r.k < p.min_k THEN 'k below policy ' ELSE '' END
+            || CASE WHEN r.epsilon > p.max_epsilon THEN 'epsilon above policy' ELSE '' END) AS breach
+FROM releases r, policy p
+WHERE r.k < p.min_k OR r.epsilon > p.max_epsilon
+ORDER BY r.id
 """
 
 _WHO = """
@@ -67,7 +75,7 @@ SELECT r.id AS record, r.release_id, r.outcome, r.operator, r.flow_run_id, r.sta
             WHEN lower(trim(a.approver)) = lower(trim(r.operator)) THEN 'yes' ELSE 'no' END AS same_person
 FROM releases r
 LEFT JOIN approvals a ON a.release_id = r.release_id AND a.spec_hash = r.spec_hash
-WHERE r.release_id = :release
+WHERE :release != '' AND r.release_id = :release
 ORDER BY r.id, a.id
 """
 
@@ -80,7 +88,7 @@ SELECT r.id AS record, r.release_id, r.outcome, r.source_path, r.source_sha256, 
        (SELECT group_concat(path || ' ' || COALESCE(sha256, ''), ', ')
           FROM (SELECT path, sha256 FROM outputs o WHERE o.release = r.id ORDER BY path)) AS outputs
 FROM releases r
-WHERE r.release_id = :release
+WHERE :release != '' AND r.release_id = :release
 ORDER BY r.id
 """
 
@@ -137,11 +145,15 @@ ORDER BY d.idempotency_key
 
 _FAILURES = """
 SELECT * FROM (
-  SELECT r.id AS record, r.release_id, r.outcome, r.outcome_detail,
+  SELECT r.id AS record, r.release_id, r.outcome,
+         -- records from before failure_reason existed keep their reason in the manifest
+         COALESCE(r.failure_reason, json_extract(r.manifest, '$.failure'), json_extract(r.manifest, '$.refusal'),
+                  r.outcome_detail) AS failure_reason,
          (SELECT group_concat(name, ', ') FROM (SELECT name FROM checks c WHERE c.release = r.id AND c.success = 0
                                                ORDER BY c.id)) AS failed_checks,
+         CASE WHEN r.outcome = 'published' THEN r.rows_published ELSE 0 END AS rows_published,
          COALESCE((SELECT SUM(rows_removed) FROM stage_counts sc WHERE sc.release = r.id AND sc.stage LIKE '%suppress%'),
-                  r.rows_in - r.rows_published) AS rows_suppressed,
+                  CASE WHEN r.outcome = 'published' THEN r.rows_in - r.rows_published END) AS rows_suppressed,
          r.rows_in, r.suppression_budget
   FROM releases r)
 WHERE outcome != 'published'
@@ -157,7 +169,7 @@ SELECT id AS record, release_id, outcome, scale_basis,
                         ELSE 'not recorded' END AS noise_scale,
        mechanism, epsilon, population_id, finished_at
 FROM releases
-WHERE :basis = '' OR scale_basis = :basis
+WHERE :basis IN ('', 'any') OR scale_basis = :basis
 ORDER BY id
 """
 
@@ -180,37 +192,42 @@ SELECT (SELECT COUNT(*) FROM chain) AS entries,
 QUERIES: dict[str, Query] = {
     "budget": Query(
         "1. ε spent by a population, and what is left",
-        "Lifetime and last-12-months ε spent, ε reserved but not yet spent, and ε left under the latest cap.",
+        "population (required): lifetime and last-12-months ε spent, ε reserved but not yet spent, and ε left "
+        "under the latest cap. No population, no answer.",
         _BUDGET,
         ("population",),
     ),
     "policy": Query(
         "2. Releases outside policy",
-        "Releases with k below the minimum or ε above the maximum.",
+        f"Releases with k below min_k or ε above max_epsilon; an empty field means the policy default "
+        f"(k below {POLICY_MIN_K}, ε above {POLICY_MAX_EPSILON}).",
         _POLICY,
         ("min_k", "max_epsilon"),
     ),
     "who": Query(
         "3. Who ran and who approved a release",
-        "Operator, approvers of the same spec hash, and whether they were the same person.",
+        "release (required): operator, approvers of the same spec hash, and whether they were the same person.",
         _WHO,
         ("release",),
     ),
     "provenance": Query(
         "4a. Source and code of a release",
-        "Source file hash and rows, spec hash, package versions and git commit, seed commitment, outputs.",
+        "release (required): source file hash and rows, spec hash, package versions and git commit, seed "
+        "commitment, outputs.",
         _PROVENANCE,
         ("release",),
     ),
     "impact": Query(
         "4b. Releases that used a source hash or a library version",
-        "Impact analysis after a bug: give a source SHA-256 and/or a version ('2.4.6' or 'numpy=2.4.6').",
+        "Impact analysis after a bug: give a source SHA-256 and/or a version ('2.4.6' or 'numpy=2.4.6'); "
+        "with neither, no answer.",
         _IMPACT,
         ("source_sha", "version"),
     ),
     "reruns": Query(
         "5. Rerun provenance",
-        "Reservations per idempotency key with their runs and outcomes; only: all, shared, unpublished, voided.",
+        "Reservations per idempotency key with their runs and outcomes; only: all (or empty), shared, unpublished, "
+        "voided.",
         _RERUNS,
         ("only",),
     ),
@@ -221,18 +238,19 @@ QUERIES: dict[str, Query] = {
     ),
     "failures": Query(
         "7. Failed checks, refusals and suppression beyond budget",
-        "Releases not published, with a failed check, or with more rows suppressed than their budget allows.",
+        "Releases not published (with why: check names, error class and message), with a failed check, or with "
+        "more rows suppressed than their budget allows.",
         _FAILURES,
     ),
     "scale_basis": Query(
         "8. Noise-scale basis of each release",
-        "Data-derived (class diameter) or public bounds; basis: '' for all, diameter or bounds.",
+        "Data-derived (class diameter) or public bounds; basis: empty or any for all, diameter or bounds.",
         _SCALE_BASIS,
         ("basis",),
     ),
     "unseals": Query(
         "9. Who unsealed a seed, when and why",
-        "Every unseal event; release: '' for all.",
+        "Every unseal event; release: empty for all.",
         _UNSEALS,
         ("release",),
     ),
@@ -252,17 +270,33 @@ def run(db: sqlite_utils.Database, name: str, **params) -> list[dict]:
     return list(db.query(query.sql, values))
 
 
+# Tables officers have no need to browse: the sealed seeds are ciphertext only, but listing them invites
+# copying them around; unsealing is the recorded ``kepsilon audit unseal``, never a table view.
+HIDDEN_TABLES = ("sealed_seeds",)
+
+
 def datasette_metadata(database: str = "audit") -> dict:
-    """Datasette metadata with every question as a read-only canned query of ``database``."""
+    """Datasette metadata with every question as a read-only canned query of ``database``.
+
+    Each query opens with its answer: ``hide_sql`` keeps the SQL behind a "show" link, so the first thing
+    under the parameters is the result table, not dozens of lines of SQL. The sealed-seed table is hidden
+    from the database page and refused to table views (``allow: false``).
+    """
     return {
         "title": "kepsilon audit store",
         "description": "Read-only view of the ε ledger and release records for privacy officers.",
         "databases": {
             database: {
                 "queries": {
-                    name: {"title": q.title, "description": q.description, "sql": q.sql.strip() + "\n"}
+                    name: {
+                        "title": q.title,
+                        "description": q.description,
+                        "hide_sql": True,
+                        "sql": q.sql.strip() + "\n",
+                    }
                     for name, q in QUERIES.items()
-                }
+                },
+                "tables": {table: {"hidden": True, "allow": False} for table in HIDDEN_TABLES},
             }
         },
     }

@@ -2,6 +2,8 @@
 
 A manifest never holds data values (the flow builds it from counts, hashes and parameters); as a
 last line of defence any key naming a raw seed is refused, so a seed cannot land in the store in clear.
+A release that was not published records ``rows_published`` 0, whatever its manifest counted before it
+stopped, and why it stopped in ``failure_reason``, so officers need not dig into the manifest.
 """
 
 from __future__ import annotations
@@ -104,11 +106,43 @@ def _flatten(prefix: str, value) -> list[tuple[str, object]]:
     return [(prefix, _scalar(value))]
 
 
+# Longer reasons are cut: a reason is a class, a message and check names, not a document.
+_MAX_REASON = 1000
+
+
+def failure_reason(manifest: dict, outcome: str) -> str | None:
+    """Why a release was not published, in one line: ``"ErrorClass: message; failed checks: a, b"``.
+
+    From ``manifest["failure"]`` (``str(error)``) and ``manifest["failure_class"]`` as the flow sets them,
+    else a refusal's ``refusal``/``refusal_class``, else the older ``error``/``reason`` keys; failed checks
+    are added when the message does not already name them. The flow's messages name columns and
+    parameters, never values (``KepsilonError``'s rule). None for a published release.
+    """
+    if outcome == "published":
+        return None
+    message = next((manifest[k] for k in ("failure", "refusal", "error", "reason") if manifest.get(k)), None)
+    error_class = next((manifest[k] for k in ("failure_class", "refusal_class") if manifest.get(k)), None)
+    parts = []
+    if error_class and message:
+        parts.append(f"{error_class}: {message}")
+    elif error_class or message:
+        parts.append(str(error_class or message))
+    failed = [str(c.get("name")) for c in manifest.get("checks") or [] if isinstance(c, dict) and not c.get("success")]
+    unnamed = [name for name in failed if not parts or name not in parts[0]]
+    if unnamed:
+        parts.append("failed checks: " + ", ".join(unnamed))
+    if not parts:
+        return None
+    reason = " ".join("; ".join(parts).split())  # one line
+    return reason if len(reason) <= _MAX_REASON else reason[: _MAX_REASON - 1] + "…"
+
+
 def record_release(db: sqlite_utils.Database, manifest: dict, *, outcome: str, reservation_id: int | None) -> int:
     """Store a release's manifest as rows of releases/parameters/checks/outputs/stage_counts/software.
 
     Returns the new ``releases.id``. Missing keys are tolerated (failed and refused releases have
-    partial manifests); ``release_id`` is required. Everything is written, with its chain entries, in
+    partial manifests); ``release_id`` is required. A failed or refused release gets ``rows_published``
+    0 and its ``failure_reason``. Everything is written, with its chain entries, in
     one transaction: a crash leaves either the whole record or none of it.
     """
     if not isinstance(manifest, dict):
@@ -118,10 +152,13 @@ def record_release(db: sqlite_utils.Database, manifest: dict, *, outcome: str, r
     release_id = require_text("manifest.release_id", manifest.get("release_id"))
     _refuse_raw_seed(manifest)
     row = {column: _get(manifest, path) for column, path in _RELEASE_COLUMNS.items()}
+    if outcome != "published":
+        row["rows_published"] = 0  # nothing reached readers, whatever was counted before the stop
     row.update(
         release_id=release_id,
         outcome=outcome,
         outcome_detail=_scalar(manifest.get("error") or manifest.get("reason")),
+        failure_reason=failure_reason(manifest, outcome),
         reservation_id=reservation_id,
         manifest=canonical_json(manifest),
         recorded_at=now(),

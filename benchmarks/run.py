@@ -18,6 +18,7 @@ CASES = [
     ("mondrian-32k", "benchmarks.bench_mondrian", "mondrian_32k"),
     ("engine-32k", "benchmarks.bench_engine", "engine_32k"),
     ("engine-1m", "benchmarks.bench_engine", "engine_1m"),
+    ("audit-check-100k", "benchmarks.bench_audit", "audit_check_100k"),
 ]
 # Targets from the project brief: seconds, peak RSS in MB.
 TARGETS = {"engine-32k": (1.0, None), "engine-1m": (30.0, 4096.0)}

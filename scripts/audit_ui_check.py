@@ -1,11 +1,20 @@
 """End-to-end check of the officers' read-only browser: Datasette + canned queries, seen by headless Chromium.
 
-Builds a small audit store through the real API in a temporary folder (or uses ``--db``), serves it with
-``datasette serve <store> --metadata audit/datasette.yaml`` on a free port, renders canned queries in
-headless Chromium (``--dump-dom``) and asserts the rendered pages show the expected rows. It also checks
-that Datasette refuses a write. Exit code 0 when every check passes.
+Builds a small audit store through the real API in a temporary folder, serves it with
+``datasette serve <store> --metadata audit/datasette.yaml`` on a free port, and opens every one of the eleven
+officers' questions (governance.md's ten, question 4 in two parts, and the chain head behind ``verify``) in
+headless Chromium. Each page must:
 
-    .venv/bin/python scripts/audit_ui_check.py [--chromium chromium] [--keep]
+- render without an error message,
+- show the answer before any SQL (the canned queries hide their SQL behind a "show" link),
+- show exactly the expected rows (only the named cells are compared).
+
+It also checks what an officer must not be able to do or be misled by: a question about one population asked
+without one gives no row (not a row of zeros), the policy question with empty fields applies the CLI's
+defaults, the sealed-seed table is neither listed nor viewable, and Datasette refuses a write. A screenshot of
+every page is written for a person to look at. Exit code 0 when every check passes.
+
+    .venv/bin/python scripts/audit_ui_check.py [--chromium chromium] [--screenshots DIR] [--metadata FILE] [--keep]
 """
 
 from __future__ import annotations
@@ -32,29 +41,67 @@ CHROMIUM_FLAGS = [
     "--disable-background-networking", "--disable-component-update", "--disable-sync",
     "--disable-dev-shm-usage",
 ]
+S1, S2 = "1" * 64, "2" * 64
 
 
-def build_store(path: Path) -> None:
-    """Two releases of population 'adult' (cap 1.0): R1 by bob approved by carol, R2 self-approved, bounds."""
+def build_store(path: Path, checkpoint: Path) -> None:
+    """Five releases of population 'adult' (cap 1.0), written in the flow's order of calls.
+
+    R1 (ε 0.4) run by bob, approved by carol; R2 (ε 0.2, k 3, public bounds, source S2, numpy 2.4.5)
+    self-approved; R3 (ε 0.1) failed after its noise, then rerun from its unsealed seed and published;
+    R4 (ε 0.1) drew its noise twice and failed its k-anonymity check; R5 (ε 0.5) refused over the cap.
+    A checkpoint is exported at the end.
+    """
     from kepsilon.audit.approvals import approve
-    from kepsilon.audit.ledger import mark_noise_drawn, reserve, set_cap
+    from kepsilon.audit.chain import write_checkpoint
+    from kepsilon.audit.ledger import BudgetExceeded, mark_noise_drawn, reserve, set_cap
     from kepsilon.audit.records import record_release
-    from kepsilon.audit.seeds import seal_seed
+    from kepsilon.audit.seeds import seal_seed, unseal_seed
     from kepsilon.audit.store import open_store
+
+    def manifest(release, key, *, k=5, epsilon, basis="diameter", source=S1, numpy="2.4.6", checks=True):
+        return {
+            "release_id": release, "population_id": "adult", "idempotency_key": key, "spec_hash": key[-1] * 64,
+            "k": k, "epsilon": epsilon, "scale_basis": basis, "mechanism": "laplace", "algorithm": "mondrian",
+            "source": {"path": "adult.csv", "sha256": source, "rows": 100},
+            "checks": [{"name": "k_anonymity", "success": checks}],
+            "software": {"kepsilon": "0.1.0", "numpy": numpy, "git_commit": "abc123"},
+            "execution": {"operator": "bob", "flow_run_id": f"run-{release}"},
+        }
+
+    def drawn(release, key, epsilon):
+        seal_seed(db, idempotency_key=key, release_id=release, seed=os.urandom(32))
+        reservation = reserve(db, population_id="adult", epsilon=epsilon, idempotency_key=key, release_id=release,
+                              operator="bob")
+        mark_noise_drawn(db, reservation.id)
+        return reservation
 
     db = open_store(path)
     set_cap(db, "adult", 1.0, "alice", "initial policy")
-    for release, key, epsilon, basis, approver in (("R1", "k1", 0.5, "diameter", "carol"), ("R2", "k2", 0.25, "bounds", "bob")):
-        seal_seed(db, idempotency_key=key, release_id=release, seed=os.urandom(32))
-        reservation = reserve(db, population_id="adult", epsilon=epsilon, idempotency_key=key, release_id=release, operator="bob")
-        mark_noise_drawn(db, reservation.id)
-        manifest = {
-            "release_id": release, "population_id": "adult", "idempotency_key": key, "spec_hash": key[-1] * 64,
-            "k": 5, "epsilon": epsilon, "scale_basis": basis, "mechanism": "laplace",
-            "execution": {"operator": "bob", "flow_run_id": f"run-{release}"},
-        }
-        record_release(db, manifest, outcome="published", reservation_id=reservation.id)
-        approve(db, release_id=release, spec_hash=key[-1] * 64, approver=approver, reason="reviewed")
+    r1 = drawn("R1", "k1", 0.4)
+    record_release(db, manifest("R1", "k1", epsilon=0.4), outcome="published", reservation_id=r1.id)
+    approve(db, release_id="R1", spec_hash="1" * 64, approver="carol", reason="reviewed")
+    r2 = drawn("R2", "k2", 0.2)
+    record_release(db, manifest("R2", "k2", k=3, epsilon=0.2, basis="bounds", source=S2, numpy="2.4.5"),
+                   outcome="published", reservation_id=r2.id)
+    approve(db, release_id="R2", spec_hash="2" * 64, approver="bob", reason="self-approved")
+    r3 = drawn("R3", "k3", 0.1)
+    record_release(db, {**manifest("R3", "k3", epsilon=0.1), "error": "publish interrupted"}, outcome="failed",
+                   reservation_id=r3.id)
+    rerun = reserve(db, population_id="adult", epsilon=0.1, idempotency_key="k3", release_id="R3", operator="bob")
+    unseal_seed(db, idempotency_key="k3", by="kepsilon-flow", reason="rerun of interrupted release")
+    mark_noise_drawn(db, rerun.id)
+    record_release(db, manifest("R3", "k3", epsilon=0.1), outcome="published", reservation_id=rerun.id)
+    r4 = drawn("R4", "k4", 0.1)
+    mark_noise_drawn(db, r4.id, redraw=True)
+    record_release(db, manifest("R4", "k4", epsilon=0.1, checks=False), outcome="failed", reservation_id=r4.id)
+    try:
+        reserve(db, population_id="adult", epsilon=0.5, idempotency_key="k5", release_id="R5", operator="bob")
+        raise AssertionError("R5 should exceed the cap")
+    except BudgetExceeded as refused:
+        record_release(db, {"release_id": "R5", "idempotency_key": "k5", "error": str(refused)}, outcome="refused",
+                       reservation_id=None)
+    write_checkpoint(db, checkpoint)
     db.execute("PRAGMA wal_checkpoint(TRUNCATE)")
     db.close()
 
@@ -78,18 +125,38 @@ def wait_until_up(url: str, process: subprocess.Popen, seconds: float = 30) -> N
     raise RuntimeError("datasette did not answer in time")
 
 
-def dump_dom(chromium: str, url: str, profile: Path) -> str:
-    """The DOM of ``url`` after Chromium rendered it (scripts run)."""
-    command = [chromium, *CHROMIUM_FLAGS, f"--user-data-dir={profile}", "--dump-dom", url]
+def http_status(url: str) -> int:
+    try:
+        with urllib.request.urlopen(url, timeout=10) as response:
+            return response.status
+    except urllib.error.HTTPError as error:
+        return error.code
+
+
+def chromium(binary: str, profile: Path, *args: str) -> str:
+    command = [binary, *CHROMIUM_FLAGS, f"--user-data-dir={profile}", *args]
     done = subprocess.run(command, capture_output=True, text=True, timeout=90)
     if done.returncode != 0:
         raise RuntimeError(f"chromium failed ({done.returncode}): {done.stderr[-500:]}")
     return done.stdout
 
 
+def dump_dom(binary: str, url: str, profile: Path) -> str:
+    """The DOM of ``url`` after Chromium rendered it (scripts run)."""
+    return chromium(binary, profile, "--dump-dom", url)
+
+
+def screenshot(binary: str, url: str, profile: Path, png: Path) -> None:
+    chromium(binary, profile, "--window-size=1280,1400", "--hide-scrollbars", f"--screenshot={png}", url)
+    if not png.exists() or png.stat().st_size < 1000:
+        raise RuntimeError(f"chromium wrote no screenshot of {url}")
+
+
 def table_rows(dom: str) -> list[dict[str, str]]:
-    """The rows of Datasette's results table as {column: cell text}."""
-    body = dom.split('<table class="rows-and-columns">', 1)[-1].split("</table>", 1)[0]
+    """The rows of Datasette's results table as {column: cell text}; [] when the page has no table."""
+    if '<table class="rows-and-columns">' not in dom:
+        return []
+    body = dom.split('<table class="rows-and-columns">', 1)[1].split("</table>", 1)[0]
     rows = []
     for row in re.findall(r"<tr>(.*?)</tr>", body.split("<tbody>", 1)[-1], flags=re.S):
         cells = re.findall(r'<td class="col-([^"]+)">(.*?)</td>', row, flags=re.S)
@@ -97,54 +164,138 @@ def table_rows(dom: str) -> list[dict[str, str]]:
     return rows
 
 
+def page_problems(dom: str) -> list[str]:
+    """What makes a canned query page wrong whatever its rows: an error, no answer, or SQL above the answer."""
+    problems = []
+    error = re.search(r'<p class="message-error">(.*?)</p>', dom, flags=re.S)
+    if error:
+        problems.append(f"error shown: {html.unescape(error.group(1)).strip()[:200]}")
+    answer = min((dom.find(marker) for marker in ('<table class="rows-and-columns">', '<p class="zero-results">')
+                  if marker in dom), default=-1)
+    if answer < 0:
+        problems.append("no answer (neither a result table nor '0 results')")
+    sql = min((dom.find(marker) for marker in ('id="sql-query"', 'id="sql-editor"') if marker in dom), default=-1)
+    if sql >= 0 and (answer < 0 or sql < answer):
+        problems.append("the SQL block stands above the answer")
+    if 'class="show-hide-sql"' not in dom:
+        problems.append("no link to show the SQL")
+    return problems
+
+
+def expected_pages(chain_entries: int, head_hash: str, checkpoint_entries: int) -> dict[str, tuple[str, list[dict]]]:
+    """Every officers' question (and the misleading cases of issue 10) with the rows its page must show."""
+    return {
+        "budget": ("/audit/budget?population=adult",
+                   [{"population_id": "adult", "cap": "1.0", "spent_lifetime": "0.9", "remaining": "0.1",
+                     "cap_entries": "1"}]),
+        "budget-empty": ("/audit/budget", []),
+        "policy-defaults": ("/audit/policy", [{"release_id": "R2", "k": "3", "breach": "k below policy"}]),
+        "policy": ("/audit/policy?min_k=&max_epsilon=0.3",
+                   [{"release_id": "R1", "breach": "epsilon above policy"},
+                    {"release_id": "R2", "breach": "k below policy"}]),
+        "who": ("/audit/who?release=R2",
+                [{"release_id": "R2", "operator": "bob", "approver": "bob", "same_person": "yes"}]),
+        "who-empty": ("/audit/who", []),
+        "provenance": ("/audit/provenance?release=R2",
+                       [{"release_id": "R2", "source_sha256": S2, "git_commit": "abc123"}]),
+        "impact": ("/audit/impact?source_sha=&version=numpy%3D2.4.5", [{"release_id": "R2"}]),
+        "reruns": ("/audit/reruns?only=shared",
+                   [{"idempotency_key": "k3", "release_id": "R3", "runs": "2", "outcomes": "failed,published"}]),
+        "noise_draws": ("/audit/noise_draws",
+                        [{"idempotency_key": "k4", "release_id": "R4", "noise_draws": "2", "epsilon_charged": "0.2"}]),
+        "failures": ("/audit/failures",
+                     [{"release_id": "R3", "outcome": "failed"}, {"release_id": "R4", "outcome": "failed"},
+                      {"release_id": "R5", "outcome": "refused"}]),
+        "scale_basis": ("/audit/scale_basis?basis=bounds", [{"release_id": "R2", "noise_scale": "public bounds"}]),
+        "unseals": ("/audit/unseals",
+                    [{"release_id": "R3", "actor": "kepsilon-flow", "commitment_verified": "yes"}]),
+        "chain_head": ("/audit/chain_head",
+                       [{"entries": str(chain_entries), "head_hash": head_hash,
+                         "last_checkpoint_entries": str(checkpoint_entries)}]),
+    }
+
+
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--chromium", default=shutil.which("chromium") or shutil.which("chromium-browser") or "chromium")
+    parser.add_argument("--screenshots", type=Path, help="folder for the pages' screenshots (kept; default: inside the temporary folder)")
+    parser.add_argument("--metadata", type=Path, default=METADATA, help="Datasette metadata (default: audit/datasette.yaml)")
     parser.add_argument("--keep", action="store_true", help="keep the temporary folder")
     args = parser.parse_args()
 
+    from kepsilon.audit import queries
+    from kepsilon.audit.chain import chain_head, read_checkpoint, verify_chain
+    from kepsilon.audit.store import open_store
+
     work = Path(tempfile.mkdtemp(prefix="kepsilon-audit-ui-"))
+    shots = args.screenshots or work / "screenshots"
+    shots.mkdir(parents=True, exist_ok=True)
     os.environ["KEPSILON_SEED_KEY_FILE"] = str(work / "seed.key")
     os.environ.pop("KEPSILON_SEED_KEY", None)
     store = work / "audit.db"  # the file's stem names the database the metadata's canned queries attach to
-    build_store(store)
+    build_store(store, work / "checkpoint.json")
+    db = open_store(store)
+    intact, problems = verify_chain(db, work / "checkpoint.json")
+    entries, head = chain_head(db)
+    db.close()
+    if not intact:
+        print(f"the built store does not verify: {problems}")
+        return 1
+    pages = expected_pages(entries, head, read_checkpoint(work / "checkpoint.json")["entry_count"])
+    asked = {path.split("?")[0].rsplit("/", 1)[-1] for path, _ in pages.values()}
+    if asked != set(queries.QUERIES):
+        print(f"the check does not open every question: missing {sorted(set(queries.QUERIES) - asked)}")
+        return 1
+
     port = free_port()
     base = f"http://127.0.0.1:{port}"
     datasette = [
         str(Path(sys.executable).with_name("datasette")), "serve", str(store),
-        "--metadata", str(METADATA), "--host", "127.0.0.1", "--port", str(port),
+        "--metadata", str(args.metadata), "--host", "127.0.0.1", "--port", str(port),
     ]
     server = subprocess.Popen(datasette, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE)
     failures: list[str] = []
+
+    def report(name: str, where: str, problems: list[str]) -> None:
+        print(f"{name:16} {where:44} {'ok' if not problems else 'FAILED: ' + '; '.join(problems)}")
+        if problems:
+            failures.append(name)
+
     try:
         wait_until_up(f"{base}/-/versions.json", server)
-        # Each canned query page must render exactly these rows (only the named cells are compared).
-        pages = {
-            "budget": ("/audit/budget?population=adult",
-                       [{"population_id": "adult", "spent_lifetime": "0.75", "remaining": "0.25", "cap_entries": "1"}]),
-            "who": ("/audit/who?release=R2",
-                    [{"release_id": "R2", "operator": "bob", "approver": "bob", "same_person": "yes"}]),
-            "scale_basis": ("/audit/scale_basis?basis=bounds", [{"release_id": "R2", "noise_scale": "public bounds"}]),
-        }
         for name, (path, expected) in pages.items():
-            shown = table_rows(dump_dom(args.chromium, base + path, work / f"profile-{name}"))
+            dom = dump_dom(args.chromium, base + path, work / f"profile-{name}")
+            problems = page_problems(dom)
+            shown = table_rows(dom)
             picked = [{column: row.get(column) for column in want} for row, want in zip(shown, expected)]
-            ok = len(shown) == len(expected) and picked == expected
-            print(f"{name:12} {path:40} {'ok' if ok else f'FAILED: shown {shown}'}")
-            if not ok:
-                failures.append(name)
+            if len(shown) != len(expected) or picked != expected:
+                problems.append(f"rows shown {shown}, expected {expected}")
+            screenshot(args.chromium, base + path, work / f"profile-{name}", shots / f"{name}.png")
+            report(name, path, problems)
+
+        # The sealed seeds: not listed among the tables, and refused as a table view or its JSON.
+        dom = dump_dom(args.chromium, f"{base}/audit", work / "profile-database")
+        problems = ["listed on the database page"] if "sealed_seeds" in dom else []
+        if "ledger" not in dom:
+            problems.append("database page lists no tables at all (cannot tell hidden from broken)")
+        for path in ("/audit/sealed_seeds", "/audit/sealed_seeds.json"):
+            if (status := http_status(base + path)) != 403:
+                problems.append(f"{path} answered {status}, not 403")
+        screenshot(args.chromium, f"{base}/audit", work / "profile-database", shots / "database.png")
+        report("sealed_seeds", "/audit, /audit/sealed_seeds", problems)
+
         # Read-only: an arbitrary write through the SQL page must be refused.
         write = urllib.parse.quote("DELETE FROM ledger")
         dom = dump_dom(args.chromium, f"{base}/audit?sql={write}", work / "profile-write")
-        refused = "Statement must be a SELECT" in dom
-        print(f"{'write':12} {'/audit?sql=DELETE FROM ledger':40} {'refused' if refused else 'FAILED (not refused)'}")
-        if not refused:
-            failures.append("write")
+        report("write", "/audit?sql=DELETE FROM ledger",
+               [] if "Statement must be a SELECT" in dom else ["write not refused"])
     finally:
         server.terminate()
         server.wait(timeout=10)
         if not args.keep:
             shutil.rmtree(work, ignore_errors=True)
+    if args.keep or args.screenshots:
+        print(f"screenshots: {shots}")
     print("audit UI check:", "passed" if not failures else f"failed: {failures}")
     return 1 if failures else 0
 

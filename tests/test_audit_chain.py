@@ -195,3 +195,99 @@ def test_two_person_rule(db):
         require_approval(db, release_id="rel-3", spec_hash=SPEC_HASH, operator="bob")
     with pytest.raises(SpecError, match="spec_hash"):
         approve(db, release_id="rel-1", spec_hash="abc", approver="carol", reason="ok")
+
+
+def test_failed_and_refused_releases_record_no_rows_published_and_their_reason(db):
+    failed = record_release(
+        db,
+        _manifest(
+            "rel-9",
+            checks=[{"name": "k_anonymity", "success": False}, {"name": "no_identifiers", "success": True}],
+            failure="release checks failed: k_anonymity",
+            failure_class="ValidationFailed",
+        ),
+        outcome="failed",
+        reservation_id=None,
+    )
+    disk = record_release(
+        db, _manifest("rel-10", failure="[Errno 28] No space left on device", failure_class="OSError"),
+        outcome="failed", reservation_id=None,
+    )
+    refused = record_release(db, {"release_id": "rel-11", "refusal": "approval missing"}, outcome="refused", reservation_id=None)
+    published = db.execute("SELECT id FROM releases WHERE release_id = 'rel-1'").fetchone()[0]
+    got = {r: db.execute("SELECT rows_published, failure_reason FROM releases WHERE id = ?", [r]).fetchone()
+           for r in (failed, disk, refused, published)}
+    assert got[failed] == (0, "ValidationFailed: release checks failed: k_anonymity")
+    assert got[disk] == (0, "OSError: [Errno 28] No space left on device")
+    assert got[refused] == (0, "approval missing")
+    assert got[published] == (97, None)
+    # The manifest as the flow built it is kept verbatim; only the queryable columns say what happened.
+    assert json.loads(db.execute("SELECT manifest FROM releases WHERE id = ?", [failed]).fetchone()[0])["rows_published"] == 97
+    assert verify_chain(db) == (True, [])
+
+
+def test_failure_reason_is_one_line_and_names_unlisted_failed_checks():
+    from kepsilon.audit.records import failure_reason
+
+    checks = [{"name": "groups_of_k", "success": False}, {"name": "finite", "success": False}]
+    assert failure_reason({"failure": "stopped\n  at\tpublish", "checks": checks}, "failed") == (
+        "stopped at publish; failed checks: groups_of_k, finite"
+    )
+    assert failure_reason({"checks": checks}, "failed") == "failed checks: groups_of_k, finite"
+    assert failure_reason({"failure": "x"}, "published") is None
+    assert len(failure_reason({"failure": "y" * 5000}, "failed")) == 1000
+
+
+def test_a_store_from_before_failure_reason_migrates_and_its_chain_still_verifies(tmp_path):
+    import sqlite3
+
+    import sqlite_utils
+
+    from kepsilon.audit import queries
+    from kepsilon.audit.store import append, migrations, write_transaction
+
+    path = tmp_path / "old.db"
+    old = sqlite_utils.Database(sqlite3.connect(str(path)))
+    old.enable_wal()
+    migrations.apply(old, stop_before="0002_release_failure_reason")
+    assert "failure_reason" not in old["releases"].columns_dict
+    set_cap(old, "pop", 2.0, "alice", "initial")
+    reservation = reserve(old, population_id="pop", epsilon=1.0, idempotency_key="key-1", release_id="rel-1", operator="bob")
+    manifest = {**_manifest(), "failure": "release checks failed: k_anonymity"}
+    with write_transaction(old) as conn:  # a failed record as the code before this migration wrote it
+        append(conn, "releases", {"release_id": "rel-1", "outcome": "failed", "reservation_id": reservation.id,
+                                  "rows_published": 97, "manifest": json.dumps(manifest), "recorded_at": "t"})
+    old.close()
+
+    db = open_store(path)
+    assert "failure_reason" in db["releases"].columns_dict
+    assert verify_chain(db) == (True, [])
+    record_release(db, _manifest("rel-2", failure="boom", failure_class="OSError"), outcome="failed", reservation_id=None)
+    assert verify_chain(db) == (True, [])
+    reasons = {r["release_id"]: r["failure_reason"] for r in queries.run(db, "failures")}
+    assert reasons == {"rel-1": "release checks failed: k_anonymity", "rel-2": "OSError: boom"}
+    # Once set, the new column is covered by the chain like any other.
+    _drop_triggers(db)
+    db.execute("UPDATE releases SET failure_reason = 'nothing to see' WHERE release_id = 'rel-2'")
+    ok, problems = verify_chain(db)
+    assert not ok and any("releases#2 does not match its hash" in p for p in problems)
+    db.close()
+
+
+@pytest.mark.parametrize("seed", range(5))
+def test_fast_row_content_is_byte_identical_to_canonical_json(seed):
+    import random
+
+    from kepsilon.audit.store import RowEncoder, canonical_json
+
+    rng = random.Random(seed)
+    texts = ["", "plain", 'quo"te\\back', "tab\tnew\nline\r", "\x00\x01\x1f\x7f", "é ü 漢字 🙂", "\u2028\u2029", "%s %d %%"]
+    values = texts + [0, -1, 2**63 - 1, -(2**63), 0.1, 1.0, -0.0, 1e-300, 1e300, 3.141592653589793,
+                      float("inf"), float("-inf"), None, b"", b"\x00\xffabc", True]
+    columns = ["zeta", "alpha", "%weird col", "Beta", "ä", "_1", "id"]
+    encoder = RowEncoder("some_table", columns)
+    for _ in range(300):
+        row = tuple(rng.choice(values) for _ in columns)
+        assert encoder.content(row) == canonical_json({"table": "some_table", "row": dict(zip(columns, row))})
+    nan = RowEncoder("t", ["x"]).content((float("nan"),))
+    assert nan == canonical_json({"table": "t", "row": {"x": float("nan")}})

@@ -66,7 +66,8 @@ def build_store(path):
     record_release(db, _manifest("R3", "k3"), outcome="published", reservation_id=rerun.id)
     r4 = _release(db, "R4", "k4", 0.25)
     mark_noise_drawn(db, r4.id, redraw=True)
-    record_release(db, _manifest("R4", "k4", epsilon=0.25, checks=(("k_anonymity", False), ("ranges", True))),
+    record_release(db, {**_manifest("R4", "k4", epsilon=0.25, checks=(("k_anonymity", False), ("ranges", True))),
+                        "failure": "release checks failed: k_anonymity", "failure_class": "ValidationFailed"},
                    outcome="failed", reservation_id=r4.id)
     r6 = reserve(db, population_id="adult", epsilon=0.25, idempotency_key="k6", release_id="R6", operator="bob")
     void(db, r6.id, "check failed before noise")
@@ -167,8 +168,21 @@ def test_q7_failures(store_path):
     found = {(r["release_id"], r["outcome"]): r for r in rows(store_path, "failures")}
     assert set(found) == {("R3", "failed"), ("R4", "failed"), ("R5", "refused"), ("R7", "published")}
     assert found[("R4", "failed")]["failed_checks"] == "k_anonymity"
-    assert "exceeds the remaining budget" in found[("R5", "refused")]["outcome_detail"]
+    assert "exceeds the remaining budget" in found[("R5", "refused")]["failure_reason"]
     assert found[("R7", "published")]["rows_suppressed"] == 10
+
+
+def test_q7_failures_say_why_and_publish_no_rows(store_path):
+    found = {(r["release_id"], r["outcome"]): r for r in rows(store_path, "failures")}
+    # The manifests counted 98 rows before each stop; nothing reached readers.
+    assert {r["rows_published"] for key, r in found.items() if key[1] != "published"} == {0}
+    assert found[("R4", "failed")]["failure_reason"] == "ValidationFailed: release checks failed: k_anonymity"
+    assert found[("R3", "failed")]["failure_reason"] == "publish interrupted"
+    assert found[("R7", "published")]["rows_published"] == 90
+    db = open_store(store_path)
+    stored = dict(db.execute("SELECT release_id, rows_published FROM releases WHERE outcome != 'published'").fetchall())
+    db.close()
+    assert stored == {"R3": 0, "R4": 0, "R5": 0}
 
 
 def test_q8_scale_basis(store_path):
@@ -194,9 +208,11 @@ def test_q10_verify_checkpoint_and_tamper(writable, tmp_path):
     db.execute("UPDATE checks SET success = 1")
     db.close()
     result = audit(writable, "verify", "--checkpoint", str(checkpoint), "--format", "json")
-    assert result.exit_code == 1
-    problems = [r["problem"] for r in json.loads(result.output)]
+    assert result.exit_code == 2 and "Traceback" not in result.output
+    problems = [r["problem"] for r in json.loads(result.stdout)]
     assert any("does not match its hash" in p for p in problems) and any("UPDATE is missing" in p for p in problems)
+    (line,) = result.stderr.splitlines()
+    assert line.startswith("error: audit store") and "does not match its hash" in line
 
 
 def test_set_cap_and_approve_commands_write_attributed_entries(writable):
@@ -237,3 +253,47 @@ def test_datasette_metadata_is_generated_from_the_same_queries():
 
     committed = Path(__file__).resolve().parents[1] / "audit" / "datasette.yaml"
     assert committed.read_text(encoding="utf-8") == queries.datasette_yaml()
+
+
+def test_policy_with_empty_fields_takes_the_cli_defaults(store_path):
+    """Datasette sends empty strings for untouched fields: they mean k below 5 and ε above 1.0, as in the CLI."""
+    db = open_store(store_path)
+    try:
+        empty = queries.run(db, "policy", min_k="", max_epsilon="")
+        missing = queries.run(db, "policy")
+        typed = queries.run(db, "policy", min_k=" 5 ", max_epsilon="1.0")
+    finally:
+        db.close()
+    cli_default = rows(store_path, "policy")
+    assert [(r["release_id"], r["breach"]) for r in empty] == [("R2", "k below policy")]
+    assert empty == missing == typed == cli_default
+
+
+def test_questions_about_one_population_or_release_refuse_an_empty_one(store_path):
+    """No population, no answer: an empty field must not read as a population that spent nothing."""
+    db = open_store(store_path)
+    try:
+        assert queries.run(db, "budget", population="") == []
+        assert queries.run(db, "who", release="") == []
+        assert queries.run(db, "provenance", release="") == []
+        assert queries.run(db, "impact", source_sha="", version="") == []
+        assert len(queries.run(db, "budget", population="adult")) == 1
+    finally:
+        db.close()
+    assert rows(store_path, "budget", "") == []
+
+
+def test_scale_basis_any_and_empty_mean_every_release(store_path):
+    db = open_store(store_path)
+    try:
+        assert queries.run(db, "scale_basis", basis="any") == queries.run(db, "scale_basis", basis="")
+        assert len(queries.run(db, "scale_basis", basis="any")) == 7  # every record, the refused R5 too
+    finally:
+        db.close()
+
+
+def test_datasette_metadata_hides_the_sql_and_the_sealed_seeds():
+    metadata = queries.datasette_metadata()["databases"]["audit"]
+    assert set(metadata["queries"]) == set(queries.QUERIES) and len(metadata["queries"]) == 11
+    assert all(query["hide_sql"] is True for query in metadata["queries"].values())
+    assert metadata["tables"]["sealed_seeds"] == {"hidden": True, "allow": False}

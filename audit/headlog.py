@@ -1,0 +1,128 @@
+"""The chain-head log: an append-only file, outside the database, of every chain head the store committed.
+
+Why: a store rolled back as a whole — its -wal file deleted after a crash, or an older copy put back —
+is internally consistent, so the chain alone cannot tell. Each commit that extends the chain appends one
+line (chain length, head hash, time); the integrity check then requires the chain to contain every
+logged head. A chain *longer* than the log is fine (a crash between the commit and the log write); a
+chain shorter than a logged length, or with another hash at that length, is a rollback.
+
+The path is env ``KEPSILON_AUDIT_HEAD_LOG`` (set it in the deployment to a place the store's writers
+cannot rewrite: another disk, an append-only mount), else the store's path + ``.heads`` beside it.
+Each line is one JSON object written with a single ``write`` on an ``O_APPEND`` descriptor and fsynced,
+so concurrent writers never interleave and a torn last line (a crash mid-write) is simply skipped.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import re
+from dataclasses import dataclass
+from datetime import datetime, timezone
+from pathlib import Path
+
+ENV_HEAD_LOG = "KEPSILON_AUDIT_HEAD_LOG"
+SUFFIX = ".heads"
+# The tail read to find the latest heads: thousands of lines, far more than commits can race.
+_TAIL_BYTES = 256 * 1024
+_HASH = re.compile(r"^[0-9a-f]{64}$")
+
+
+@dataclass(frozen=True)
+class LoggedHead:
+    """One line of the head log: the chain had ``entries`` entries, the last one hashing to ``head_hash``."""
+
+    entries: int
+    head_hash: str
+    at: str
+
+
+def head_log_path(store: str | Path, head_log: str | Path | None = None) -> Path:
+    """``head_log`` if given, else env KEPSILON_AUDIT_HEAD_LOG, else ``<store>.heads``."""
+    if head_log is not None:
+        return Path(head_log)
+    configured = os.environ.get(ENV_HEAD_LOG)
+    if configured:
+        return Path(configured)
+    return Path(str(store) + SUFFIX)
+
+
+def append_head(path: Path, entries: int, head_hash: str, store: str) -> None:
+    """Append one head line and fsync it (and, for a new file, its directory entry).
+
+    A previous writer's torn last line (no trailing newline) gets a newline first, so the new line
+    stays parseable on its own.
+    """
+    at = datetime.now(timezone.utc).strftime("%Y-%m-%dT%H:%M:%S.%fZ")
+    line = json.dumps({"entries": entries, "head_hash": head_hash, "at": at, "store": store}, ensure_ascii=False)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    created = not path.exists()
+    fd = os.open(path, os.O_RDWR | os.O_APPEND | os.O_CREAT, 0o644)
+    try:
+        size = os.fstat(fd).st_size
+        torn = size > 0 and os.pread(fd, 1, size - 1) != b"\n"
+        os.write(fd, (("\n" if torn else "") + line + "\n").encode("utf-8"))
+        os.fsync(fd)
+    finally:
+        os.close(fd)
+    if created:
+        _fsync_directory(path.parent)
+
+
+def _fsync_directory(directory: Path) -> None:
+    try:
+        fd = os.open(directory, os.O_RDONLY)
+    except OSError:
+        return  # not supported on this platform/file system; the file itself is synced
+    try:
+        os.fsync(fd)
+    except OSError:
+        pass
+    finally:
+        os.close(fd)
+
+
+def read_heads(path: Path) -> tuple[list[LoggedHead], int]:
+    """The readable heads in the log's tail, oldest first, and how many non-empty lines were unreadable.
+
+    A torn last line and the partial first line of the tail window are not counted as unreadable.
+    Raises ``OSError`` if the file exists but cannot be read; returns ``([], 0)`` if it does not exist.
+    """
+    try:
+        with open(path, "rb") as handle:
+            size = handle.seek(0, os.SEEK_END)
+            start = max(0, size - _TAIL_BYTES)
+            handle.seek(start)
+            data = handle.read()
+    except FileNotFoundError:
+        return [], 0
+    lines = data.split(b"\n")
+    if start > 0:
+        lines = lines[1:]  # begins mid-line
+    if not data.endswith(b"\n"):
+        lines = lines[:-1]  # torn by a crash mid-write
+    heads, unreadable = [], 0
+    for raw in lines:
+        if not raw.strip():
+            continue
+        head = _parse(raw)
+        if head is None:
+            unreadable += 1
+        else:
+            heads.append(head)
+    return heads, unreadable
+
+
+def _parse(raw: bytes) -> LoggedHead | None:
+    try:
+        item = json.loads(raw)
+    except ValueError:
+        return None
+    if not isinstance(item, dict):
+        return None
+    entries, head_hash = item.get("entries"), item.get("head_hash")
+    if isinstance(entries, bool) or not isinstance(entries, int) or entries < 0:
+        return None
+    if not isinstance(head_hash, str) or not _HASH.match(head_hash):
+        return None
+    return LoggedHead(entries, head_hash, str(item.get("at", "")))

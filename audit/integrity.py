@@ -1,0 +1,239 @@
+"""The store check a release runs before it reserves ε, and that every officer's command runs first.
+
+Why: triggers stop honest mistakes, not someone who can write the file. A ledger edited after dropping
+its trigger, a deleted reserve row, a flipped byte or a restored older copy would otherwise let a
+release spend beyond its cap while ``budget`` shows nothing wrong. ``check_store`` refuses such a store
+with ``StoreCompromised``; ``inspect_store`` returns every problem for ``kepsilon audit verify``.
+
+What is checked, in one read snapshot:
+
+1. SQLite's ``PRAGMA integrity_check`` — page structure *and* that every index matches its table (a
+   corrupt ``ledger`` index would make the budget sums skip rows; ``quick_check`` does not look there).
+2. The hash chain (``chain.verify_chain``): every row of every audited table, the ledger included, is
+   exactly the row its chain entry committed — no edited, deleted or unchained row — and the
+   append-only triggers are still in place.
+3. The head log (``headlog.py``), read *before* the snapshot so a commit racing the check cannot look
+   like a rollback: the chain must be at least as long as the longest logged head and hold every
+   logged head (of the log's last 256 KiB) at its position. Longer is fine: a crash can fall between
+   a commit and its log line.
+
+Cost, measured by ``benchmarks/bench_audit.py``: linear in the number of chain entries; for 100,000
+ledger entries about 0.8 s on a 2-core machine (see the README). ``integrity_check`` runs in a thread
+on its own connection, overlapping the chain walk when a second core is free.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import sqlite3
+from concurrent.futures import ThreadPoolExecutor
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import sqlite_utils
+
+from .chain import verify_chain
+from .errors import VERIFY_HINT, StoreCompromised, error_label, sqlite_cause
+from .headlog import LoggedHead, head_log_path, read_heads
+from .store import BUSY_TIMEOUT_MS, GENESIS_HASH, database_file
+
+__all__ = ["Inspection", "StoreCompromised", "check_store", "inspect_store"]
+
+# SQLite stops after this many integrity_check messages; a handful is enough to say what is wrong.
+_INTEGRITY_MESSAGES = 5
+
+
+@dataclass
+class Inspection:
+    """The outcome of ``inspect_store``: the chain's head and every problem found (none: intact)."""
+
+    store: str
+    entries: int = 0
+    head_hash: str = GENESIS_HASH
+    problems: list[str] = field(default_factory=list)
+    head_log: str = ""  # what the head-log comparison found, for display
+
+    @property
+    def ok(self) -> bool:
+        return not self.problems
+
+    def summary(self, hint: str = VERIFY_HINT) -> str:
+        """One line naming the most telling problem, for ``StoreCompromised`` and the CLI's stderr.
+
+        A rollback or a damaged file first, then the ledger (it is what ε is spent against), then other rows.
+        """
+        first = min(self.problems, key=_telling)
+        more = len(self.problems) - 1
+        extra = f" (and {more} more problem{'s' if more > 1 else ''})" if more else ""
+        return f"audit store {self.store!r} failed its integrity check: {first}{extra}; refused — {hint}"
+
+
+def _telling(problem: str) -> int:
+    for rank, marks in enumerate((("rolled back", "rewritten"), ("SQLite", "the file", "head log"), ("ledger",), ("chain entry",))):
+        if any(mark in problem for mark in marks):
+            return rank
+    return 4
+
+
+def check_store(db_or_path: sqlite_utils.Database | sqlite3.Connection | str | Path, head_log: Path | None = None) -> None:
+    """Refuse a corrupt, tampered-with or rolled-back audit store; return quietly if it is intact.
+
+    Call it right before reserving ε (and before answering from the store). ``db_or_path`` is an open
+    store or its path (a path that does not exist is a store not created yet: nothing to check, unless
+    the head log says it had entries). ``head_log`` defaults to env KEPSILON_AUDIT_HEAD_LOG, else the
+    store's path + ".heads". Raises ``StoreCompromised`` with a one-line message that names the problem
+    and says to run ``kepsilon audit verify``; never a raw SQLite error.
+    """
+    inspection = inspect_store(db_or_path, head_log)
+    if not inspection.ok:
+        raise StoreCompromised(inspection.summary())
+
+
+def inspect_store(
+    db_or_path: sqlite_utils.Database | sqlite3.Connection | str | Path,
+    head_log: Path | None = None,
+    checkpoint: str | Path | None = None,
+) -> Inspection:
+    """Every problem of the store (integrity, chain, triggers, checkpoints, head log), without raising for them.
+
+    ``checkpoint`` is an exported checkpoint file to compare with as well (``kepsilon audit verify
+    --checkpoint``); an unreadable checkpoint file raises ``KepsilonError`` (it is the caller's input).
+    """
+    if isinstance(db_or_path, (str, Path)):
+        path = Path(db_or_path)
+        inspection = Inspection(store=str(path))
+        log_path = head_log_path(path, head_log)
+        heads = _read_log(log_path, inspection)
+        if not path.exists():
+            _compare_with_log(None, 0, heads, log_path, inspection)
+            return inspection
+        try:
+            conn = sqlite3.connect(str(path), timeout=BUSY_TIMEOUT_MS / 1000)
+        except sqlite3.Error as error:
+            inspection.problems.append(f"the file cannot be opened ({error_label(error)})")
+            return inspection
+        try:
+            _inspect(conn, inspection, heads, log_path, checkpoint)
+        finally:
+            conn.close()
+        return inspection
+    conn = db_or_path.conn if isinstance(db_or_path, sqlite_utils.Database) else db_or_path
+    store = database_file(conn)
+    inspection = Inspection(store=store or "(in memory)")
+    log_path = head_log_path(store, head_log) if store else None
+    heads = _read_log(log_path, inspection) if log_path else []
+    _inspect(conn, inspection, heads, log_path, checkpoint)
+    return inspection
+
+
+def _inspect(conn, inspection: Inspection, heads: list[LoggedHead], log_path: Path | None, checkpoint) -> None:
+    began = not conn.in_transaction
+    try:
+        if began:
+            conn.execute("BEGIN")
+        _inspect_snapshot(conn, inspection, heads, log_path, checkpoint)
+    except sqlite3.Error as error:
+        cause = sqlite_cause(error)
+        if cause is None:
+            raise
+        inspection.problems.append(f"the file {cause} ({error_label(error)})")
+    finally:
+        if began and conn.in_transaction:
+            with contextlib.suppress(sqlite3.Error):
+                conn.execute("ROLLBACK")
+
+
+def _inspect_snapshot(conn, inspection: Inspection, heads, log_path, checkpoint) -> None:
+    tables = {name for (name,) in conn.execute("SELECT name FROM sqlite_master WHERE type = 'table'")}
+    if "chain" not in tables:
+        if tables:
+            inspection.problems.append("the file is a SQLite database but not a kepsilon audit store (no chain table)")
+        else:  # an empty file: a store whose schema was never created
+            _compare_with_log(conn, 0, heads, log_path, inspection)
+        return
+    store = database_file(conn)
+    if store:
+        # SQLite releases the GIL while it checks pages: with a second core free, the integrity check
+        # runs in the chain walk's shadow (100,000 entries: 0.50 s instead of 0.75 s, measured).
+        with ThreadPoolExecutor(max_workers=1) as pool:
+            integrity = pool.submit(_integrity_check, store)
+            ok, problems = verify_chain(conn, checkpoint)
+            inspection.problems.extend(integrity.result())
+    else:
+        inspection.problems.extend(_integrity_problems(conn))
+        ok, problems = verify_chain(conn, checkpoint)
+    inspection.problems.extend(problems)
+    inspection.entries, inspection.head_hash = _head(conn)
+    _compare_with_log(conn, inspection.entries, heads, log_path, inspection)
+
+
+def _integrity_check(store: str) -> list[str]:
+    """``_integrity_problems`` on a connection of its own, so it can run in a thread."""
+    try:
+        conn = sqlite3.connect(store, timeout=BUSY_TIMEOUT_MS / 1000)
+    except sqlite3.Error as error:
+        return [f"the file cannot be opened ({error_label(error)})"]
+    try:
+        return _integrity_problems(conn)
+    except sqlite3.Error as error:
+        if sqlite_cause(error) is None:
+            raise
+        return [f"the file {sqlite_cause(error)} ({error_label(error)})"]
+    finally:
+        conn.close()
+
+
+def _integrity_problems(conn) -> list[str]:
+    """SQLite's ``integrity_check``: page structure, and every index against its table (``quick_check``
+    skips the latter, yet a corrupt ``ledger`` index would make the budget sums skip rows)."""
+    messages = [row[0] for row in conn.execute(f"PRAGMA integrity_check({_INTEGRITY_MESSAGES})")]
+    # SQLite's messages can span lines ("*** in database main ***\n…"); each problem stays one line.
+    return [] if messages == ["ok"] else [f"SQLite integrity_check: {' '.join(m.split())}" for m in messages]
+
+
+def _head(conn) -> tuple[int, str]:
+    row = conn.execute("SELECT seq, entry_hash FROM chain ORDER BY seq DESC LIMIT 1").fetchone()
+    return (row[0], row[1]) if row else (0, GENESIS_HASH)
+
+
+def _read_log(path: Path, inspection: Inspection) -> list[LoggedHead]:
+    try:
+        heads, unreadable = read_heads(path)
+    except OSError as error:
+        inspection.problems.append(f"its head log {str(path)!r} cannot be read ({type(error).__name__})")
+        return []
+    if unreadable and not heads:
+        inspection.problems.append(f"its head log {str(path)!r} has no readable line (damaged, or not a head log)")
+    return heads
+
+
+def _compare_with_log(conn, entries: int, heads: list[LoggedHead], log_path: Path | None, inspection: Inspection) -> None:
+    """The chain must hold the most advanced logged head: same hash at that length (longer is fine)."""
+    if log_path is None:
+        inspection.head_log = "not checked (in-memory store)"
+        return
+    if not heads:
+        inspection.head_log = f"none at {log_path} (rollback not checked)"
+        return
+    latest = max(heads, key=lambda head: head.entries)
+    if entries < latest.entries:
+        what = "has no chain" if conn is None or entries == 0 else f"has {entries} chain entries"
+        inspection.problems.append(
+            f"rolled back: the store {what}, but its head log recorded {latest.entries} at {latest.at} "
+            "(a deleted -wal file, or an older copy restored)"
+        )
+        inspection.head_log = f"behind the log ({entries} < {latest.entries})"
+        return
+    # Every logged head must be in the chain, not only the latest: each line is a commit that happened.
+    for head in sorted(set(heads), key=lambda head: -head.entries):
+        if head.entries == 0:
+            continue
+        row = conn.execute("SELECT entry_hash FROM chain WHERE seq = ?", (head.entries,)).fetchone()
+        if row is None or row[0] != head.head_hash:
+            inspection.problems.append(
+                f"rewritten: chain entry {head.entries} differs from the head its log recorded at {head.at} "
+                "(history replaced, or another store)"
+            )
+            inspection.head_log = f"differs at entry {head.entries}"
+            return
+    inspection.head_log = f"contains the logged head (entry {latest.entries}, {latest.at})"
