@@ -28,6 +28,11 @@ class Hierarchy:
     ``labels[level][leaf_code]`` is the label of leaf ``leaf_code`` at ``level``;
     ``label_codes[level][leaf_code]`` is that label's integer code at that level (codes are dense,
     0..n_labels-1, in order of first appearance), so grouping on codes equals grouping on labels.
+
+    ``leaf_numbers[leaf_code]``, when present, is the leaf's position on a number line (the value
+    itself for an interval hierarchy, a day ordinal for a date hierarchy) so that a partitioner can
+    measure widths in the column's own units instead of counting leaves. Hierarchies read from a
+    file, and masking hierarchies, have none: their leaves are just an order.
     """
 
     column: str
@@ -35,6 +40,7 @@ class Hierarchy:
     labels: tuple[np.ndarray, ...]  # one object array of labels per level
     label_codes: tuple[np.ndarray, ...]  # one int array per level
     sha256: str
+    leaf_numbers: np.ndarray | None = None  # float per leaf code, or None (see above)
 
     @property
     def height(self) -> int:
