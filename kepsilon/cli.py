@@ -2,18 +2,37 @@
 
     kepsilon release releases/paper-synthetic.yaml --k 5 --epsilon 0.5
     kepsilon audit budget paper-synthetic
+
+What ``kepsilon release`` prints: Prefect's run log, then the release summary, or one line
+``release refused: <reason>`` (exit code 2) when the release stops on a KepsilonError — bad spec or
+input, ε over the cap, a failed check, an id already published. A refusal is an answer, not a crash: its
+traceback is kept off the console (``--debug`` shows it). Any other exception is a crash: Prefect's
+traceback stays on the console and the command ends with ``release failed: <error>`` (exit code 1).
 """
 
+import contextlib
+import logging
+import os
+import sys
+import traceback
+from datetime import datetime, timezone
 from pathlib import Path
-from typing import Optional
+from typing import Iterator, Optional
 
 import typer
 from rich.console import Console
+from rich.markup import escape
 from rich.table import Table
 
 from kepsilon.tasks.errors import KepsilonError
 
-app = typer.Typer(help="Governed, auditable (k,ε)-anonymised releases.", no_args_is_help=True, add_completion=False)
+app = typer.Typer(
+    help="Governed, auditable (k,ε)-anonymised releases.",
+    no_args_is_help=True,
+    add_completion=False,
+    # A crash's local variables may hold records of the data being released: never print them.
+    pretty_exceptions_show_locals=False,
+)
 console = Console()
 errors = Console(stderr=True)
 
@@ -22,6 +41,117 @@ def _mount_audit_commands() -> None:
     from kepsilon.audit.cli import audit_app
 
     app.add_typer(audit_app, name="audit", help="Audit store, ε ledger and privacy officers' questions.")
+
+
+class RefusalTracebacks(logging.Filter):
+    """Console filter: drops Prefect's records of a flow or task run that stopped on a KepsilonError.
+
+    Prefect logs every exception that ends a task or flow run at ERROR with its full traceback, twice for
+    an exception raised in a task (once for the task, once for the flow). For a refusal the CLI prints the
+    reason itself, so on the console those records are only noise; they still reach every other handler
+    (the run's logs on a Prefect server). Records of any other exception pass untouched, and the filter
+    remembers their exceptions so the CLI does not print the same traceback a second time.
+    """
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.tracebacks_shown: list[BaseException] = []
+
+    def filter(self, record: logging.LogRecord) -> bool:
+        exception = record.exc_info[1] if record.exc_info else None
+        if exception is None:
+            return True
+        if isinstance(exception, KepsilonError):
+            return False
+        self.tracebacks_shown.append(exception)
+        return True
+
+
+def _console_handlers() -> list[logging.Handler]:
+    from prefect.logging.handlers import PrefectConsoleHandler
+
+    return [handler for handler in logging.getLogger().handlers if isinstance(handler, PrefectConsoleHandler)]
+
+
+@contextlib.contextmanager
+def _console_filter(quiet: RefusalTracebacks) -> Iterator[None]:
+    handlers = _console_handlers()
+    for handler in handlers:
+        handler.addFilter(quiet)
+    try:
+        yield
+    finally:
+        for handler in handlers:
+            handler.removeFilter(quiet)
+
+
+def _flush_prefect_client() -> None:
+    """Send the run's queued logs and events now, while the server that receives them is still up.
+
+    Left to interpreter exit (Prefect's default), the flush races the server's own shutdown.
+    """
+    from prefect.events.worker import EventsWorker
+    from prefect.logging.handlers import APILogWorker
+
+    APILogWorker.drain_all(timeout=10)
+    EventsWorker.drain_all(timeout=10)
+
+
+@contextlib.contextmanager
+def _prefect_api() -> Iterator[Optional["LocalServer"]]:  # noqa: F821
+    """The Prefect API the release reports to: the configured one, else a local server for this run.
+
+    With PREFECT_API_URL set (in the environment or the active Prefect profile), the run goes there, as
+    before. Without it, instead of Prefect's temporary server (which prints to this terminal and is
+    stopped at exit), a ``prefect server start`` in the same PREFECT_HOME serves this run only; its log
+    is a file in PREFECT_HOME, kept only when it holds an error, and pointed at when the error came
+    during the run.
+    """
+    from prefect.settings import PREFECT_API_URL, get_current_settings, temporary_settings
+
+    from kepsilon.local_server import LocalServer
+
+    settings = get_current_settings()
+    if settings.api.url:
+        yield None
+        return
+    stamp = datetime.now(timezone.utc).strftime("%Y%m%dT%H%M%S")
+    log_path = Path(settings.home).expanduser() / f"kepsilon-release-server-{stamp}-{os.getpid()}.log"
+    server = LocalServer(log_path, startup_timeout=max(60, settings.server.ephemeral.startup_timeout_seconds))
+    try:
+        server.start()
+    except RuntimeError as failure:
+        raise RuntimeError(f"{failure}; its log: {log_path}") from None
+    try:
+        with temporary_settings(updates={PREFECT_API_URL: server.api_url}):
+            yield server
+    finally:
+        server.stop()
+        problems = server.errors_while_running()
+        if problems:
+            errors.print(
+                f"note: the local Prefect server logged {len(problems)} problem line(s) during the run; "
+                f"see {escape(str(log_path))}",
+                soft_wrap=True,
+            )
+        elif not server.has_errors():
+            log_path.unlink(missing_ok=True)
+
+
+def _refused(failure: KepsilonError, debug: bool) -> None:
+    if debug:
+        traceback.print_exception(failure, file=sys.stderr)
+    errors.print(f"[bold red]release refused:[/] {escape(str(failure))}", soft_wrap=True)
+    raise typer.Exit(code=2)
+
+
+def _crashed(failure: Exception, quiet: RefusalTracebacks, debug: bool) -> None:
+    if debug or not any(failure is shown for shown in quiet.tracebacks_shown):
+        traceback.print_exception(failure, file=sys.stderr)
+    errors.print(
+        f"[bold red]release failed:[/] {escape(type(failure).__name__)}: {escape(str(failure))}", soft_wrap=True
+    )
+    raise typer.Exit(code=1)
 
 
 @app.command()
@@ -33,24 +163,37 @@ def release(
     algorithm: Optional[str] = typer.Option(None, "--algorithm", help="mondrian or ola"),
     operator: Optional[str] = typer.Option(None, "--operator", help="who runs the release (default: OS user)"),
     db: Optional[Path] = typer.Option(None, "--db", envvar="KEPSILON_AUDIT_DB", help="audit store (default ./audit.db)"),
+    debug: bool = typer.Option(False, "--debug", help="also print the traceback of a refusal"),
 ) -> None:
-    """Run the governed-release flow on SPEC.yaml and print the release summary."""
-    import os
+    """Run the governed-release flow on SPEC.yaml and print the release summary.
 
+    The flow reports to the Prefect API configured by PREFECT_API_URL; without one, to a local Prefect
+    server started for this run in PREFECT_HOME (no UI, no scheduler), stopped when the run is over.
+    """
     from kepsilon.flows.spec import load_spec
 
     if db is not None:
         os.environ["KEPSILON_AUDIT_DB"] = str(db)
+    quiet = RefusalTracebacks()
     try:
         spec = load_spec(
             spec_path, k=k, epsilon=epsilon, release_id=release_id, algorithm=algorithm, operator=operator
         )
-        from kepsilon.flows.release import governed_release
+        with _prefect_api() as local_server:
+            from kepsilon.flows.release import governed_release
 
-        manifest = governed_release(spec)
+            with contextlib.nullcontext() if debug else _console_filter(quiet):
+                try:
+                    manifest = governed_release(spec)
+                finally:
+                    _flush_prefect_client()
+                    if local_server is not None:
+                        local_server.wait_until_recorded()
+                        local_server.run_ended()
     except KepsilonError as failure:
-        errors.print(f"[bold red]release refused:[/] {failure}")
-        raise typer.Exit(code=2)
+        _refused(failure, debug)
+    except Exception as failure:
+        _crashed(failure, quiet, debug)
     console.print(summary_table(manifest))
 
 
