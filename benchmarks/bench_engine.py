@@ -17,7 +17,7 @@ import numpy as np
 import pandas as pd
 
 from kepsilon.flows.spec import ReleaseSpec, load_spec
-from kepsilon.tasks.k_anonymise import k_anonymise
+from kepsilon.tasks.k_anonymise import k_anonymise, published_labels
 from kepsilon.tasks.metrics import release_metrics
 from kepsilon.tasks.perturb import perturb, release_generators
 from kepsilon.tasks.publish import assemble_release
@@ -52,15 +52,19 @@ def run_engine(frame: pd.DataFrame, spec: ReleaseSpec, seed: bytes = BENCH_SEED)
     noise_rng, shuffle_rng = release_generators(seed)
     perturbed = perturb(kept, class_ids, spec.roles.e_quasi, spec.epsilon_split(), spec.scale_basis, noise_rng)
     suppression = suppress_records(kept, perturbed.frame, class_ids, perturbed.scales, spec)
+    roles = spec.roles.names()
+    labels = published_labels(
+        kept[roles["k_quasi"]], class_ids, ~suppression.removed, partition.hierarchies, partition.levels
+    )
     released = assemble_release(
-        partition.released[partition.kept],
+        labels,
         kept,
         perturbed.frame,
         suppression.removed,
         shuffle_rng.permutation(len(kept)),
-        spec.roles.names(),
+        roles,
     )
-    return released, release_metrics(kept, perturbed.frame, class_ids, partition, suppression, spec)
+    return released, release_metrics(kept, perturbed.frame, class_ids, partition, suppression, spec, perturbed.scales)
 
 
 def _timed_engine(frame: pd.DataFrame, spec: ReleaseSpec) -> tuple[int, float]:

@@ -15,6 +15,7 @@ import argparse
 import asyncio
 import json
 import os
+import sqlite3
 import subprocess
 import sys
 import tempfile
@@ -115,9 +116,14 @@ def check_run(args, output_dir: Path, failures: list[str]) -> None:
     if not manifest_path.exists():
         return
     manifest = json.loads(manifest_path.read_text())
-    check(f"manifest records the changed k={args.k}", manifest["k"] == args.k, failures)
-    check(f"manifest records the changed ε={args.epsilon}", manifest["epsilon"] == args.epsilon, failures)
-    check("manifest names the deployment's flow run", manifest["execution"]["flow_run_id"] == flow_run_id, failures)
+    check(f"manifest records the changed k={args.k}", manifest["method"]["k"] == args.k, failures)
+    check(f"manifest records the changed ε={args.epsilon}", manifest["method"]["epsilon"] == args.epsilon, failures)
+    # Who ran it and in which flow run is private: the audit record has it, the public manifest does not.
+    recorded = sqlite3.connect(os.environ["KEPSILON_AUDIT_DB"]).execute(
+        "SELECT flow_run_id FROM releases WHERE release_id = ? AND outcome = 'published'", (release.name,)
+    ).fetchall()
+    check("audit record names the deployment's flow run", recorded == [(flow_run_id,)], failures)
+    check("public manifest does not name the flow run", flow_run_id not in manifest_path.read_text(), failures)
     published = pd.read_csv(release / "data.csv")
     smallest = published.groupby(manifest["roles"]["k_quasi"]).size().min()
     check(f"published file is {args.k}-anonymous (smallest group {smallest})", smallest >= args.k, failures)

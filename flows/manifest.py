@@ -78,3 +78,152 @@ def base_manifest(spec: ReleaseSpec, source_report: dict, key: str) -> dict:
         "rows_in": source_report["rows"],
         "software": software_versions(),
     }
+
+
+# --- the public manifest ---------------------------------------------------------------------------
+#
+# The document above is the release's *private* record: it goes to the audit store only. What is
+# published beside the data is built from it by `public_manifest`, field by field from this list.
+# Anything computed from private values (errors, risks, scales, widths, diameters, clamped or zero
+# counts, the source's SHA-256, the idempotency key, the operator, paths) is not on it: an adversary
+# who knows every other record can solve such a figure for the one they do not know, and a hash of a
+# guessable source confirms a guess offline.
+
+PUBLIC_FIELDS = {
+    "release_id": None,
+    "population_id": None,
+    "method": {
+        "name": None,
+        "k": None,
+        "epsilon": None,
+        "epsilon_split": "*",
+        "algorithm": None,
+        "ola_metric": None,
+        "confidence": None,
+        "confidence_suppression": None,
+        "suppression_budget": None,
+        "scale_basis": None,
+        "mechanism": None,
+        "privacy_unit": None,
+        "e_quasi": "*",
+    },
+    "roles": "*",
+    "hierarchies": "*",
+    "guarantee": None,
+    "records": {"in": None, "removed": "*", "published": None},
+    "groups": {"published": None, "smallest": None},
+    "outputs": "*",
+    "software": "*",
+    "checks": None,
+    "unprotected_statistics": "*",
+}
+"""The public manifest's fields. A dict lists the allowed keys below it; ``"*"`` allows any keys
+below (column names, file names, package names, stages); ``None`` is a leaf."""
+
+METHOD_NAME = "(k,ε)-anonymity (Holohan, Antonatos, Braghin, Mac Aonghusa 2017)"
+
+
+class PrivateFieldInPublicManifest(ValueError):
+    """A field that is not on the public list was about to be published."""
+
+
+def check_public_fields(document: dict, allowed=PUBLIC_FIELDS, where: str = "manifest") -> None:
+    """Raise if ``document`` holds a key that ``PUBLIC_FIELDS`` does not allow (a defence in depth:
+    the publish step calls it on every manifest it writes)."""
+    for key, value in document.items():
+        if key not in allowed:
+            raise PrivateFieldInPublicManifest(f"{where}.{key} is not a public field")
+        below = allowed[key]
+        if isinstance(below, dict):
+            if not isinstance(value, dict):
+                raise PrivateFieldInPublicManifest(f"{where}.{key} must be a mapping")
+            check_public_fields(value, below, f"{where}.{key}")
+
+
+def hierarchy_descriptions(spec: ReleaseSpec, hashes: dict) -> dict:
+    """Name and SHA-256 of each k-quasi's hierarchy: a file's name, or a builder's public definition."""
+    described = {}
+    for quasi in spec.roles.k_quasi:
+        if quasi.hierarchy is None:
+            continue
+        if isinstance(quasi.hierarchy, str):
+            entry = {"file": Path(quasi.hierarchy).name}
+        else:
+            entry = {"builder": quasi.hierarchy.model_dump(mode="json")}
+        described[quasi.column] = {**entry, "sha256": hashes.get(quasi.column)}
+    return described
+
+
+def public_manifest(record: dict, spec: ReleaseSpec, grids: dict[str, float], guarantee: str) -> dict:
+    """The manifest published beside the data, built only from public fields of the private record.
+
+    ``grids``: the public snapping grid of each ε-quasi (from its bounds and ε share). Statistics the
+    spec opts in through ``publish_statistics`` go under ``unprotected_statistics``; they are
+    computed from the private data and are not protected by the method.
+    """
+    method = {
+        "name": METHOD_NAME,
+        "k": spec.k,
+        "epsilon": spec.epsilon,
+        "epsilon_split": spec.epsilon_split(),
+        "algorithm": spec.algorithm,
+        "confidence": spec.confidence,
+        "confidence_suppression": "applied" if spec.scale_basis == "diameter" else "not applied (bounds mode)",
+        "suppression_budget": spec.suppression_budget,
+        "scale_basis": spec.scale_basis,
+        "mechanism": "laplace",
+        "privacy_unit": "record",
+        "e_quasi": {
+            q.column: {"lower": q.lower, "upper": q.upper, "grid": grids[q.column], "out_of_bounds": q.out_of_bounds}
+            for q in spec.roles.e_quasi
+        },
+    }
+    if spec.algorithm == "ola":
+        method["ola_metric"] = spec.ola_metric
+    document = {
+        "release_id": spec.release_id,
+        "population_id": spec.population_id,
+        "method": method,
+        "roles": spec.roles.names(),
+        "hierarchies": hierarchy_descriptions(spec, record.get("hierarchies", {})),
+        "guarantee": guarantee,
+        "records": {
+            "in": record["rows_in"],
+            "removed": dict(record["rows_removed"]),
+            "published": record["rows_published"],
+        },
+        "groups": {"published": record["groups"]["published"], "smallest": record["groups"]["smallest"]},
+        "software": dict(record["software"]),
+        "checks": [{"name": c["name"], "success": bool(c["success"])} for c in record.get("checks", [])],
+    }
+    opted_in = _unprotected_statistics(record, spec.publish_statistics)
+    if opted_in:
+        document["unprotected_statistics"] = opted_in
+    check_public_fields(document)
+    return document
+
+
+def _unprotected_statistics(record: dict, names: list[str]) -> dict:
+    loss = record.get("information_loss", {})
+    available = {
+        "information_loss": {"measured": loss.get("measured"), "predicted": loss.get("predicted")},
+        "linking_risk": record.get("linking_risk"),
+        "k_quasi_precision": loss.get("k_quasi_precision"),
+    }
+    return {name: available[name] for name in names}
+
+
+def published_groups(frame, k_quasi: list[str], n_in: int) -> dict:
+    """Group figures of the published table itself: records sharing all their k-quasi labels are
+    one group, however many of the anonymiser's classes they came from.
+
+    ``discernibility`` charges every record removed at any stage ``n_in`` (private record only).
+    """
+    sizes = frame.groupby(k_quasi, sort=False, dropna=False).size().to_numpy()
+    removed = n_in - int(sizes.sum())
+    return {
+        "published": int(len(sizes)),
+        "smallest": int(sizes.min()) if len(sizes) else 0,
+        "largest": int(sizes.max()) if len(sizes) else 0,
+        "discernibility": int((sizes.astype("int64") ** 2).sum()) + removed * n_in,
+    }

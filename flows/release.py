@@ -1,6 +1,7 @@
 """The ``governed-release`` flow: one (k,ε)-anonymised release, from spec to published files and audit record.
 
-ingest → classify → k-anonymise → (approve, reserve ε) → perturb → suppress → validate → publish → record
+ingest → classify → k-anonymise → (approve, verify the store, reserve ε) → perturb → suppress → label →
+validate → publish → record
 
 Nothing is published unless every check passes, and no ε is reserved until the input has passed
 every check that does not need noise. Data moves between tasks in memory only: every task here is
@@ -14,17 +15,17 @@ from prefect import flow, get_run_logger
 from prefect.runtime import flow_run
 
 from kepsilon.faults import fault_point
-from kepsilon.flows.manifest import base_manifest, idempotency_key
-from kepsilon.flows.report import publish_report_artifacts
+from kepsilon.flows.manifest import base_manifest, idempotency_key, public_manifest, published_groups
+from kepsilon.flows.report import guarantee_statement, publish_report_artifacts
 from kepsilon.flows.spec import ReleaseSpec
 from kepsilon.tasks.classify import classify_attributes
-from kepsilon.tasks.errors import KepsilonError, ValidationFailed
+from kepsilon.tasks.errors import ValidationFailed
 from kepsilon.tasks.ingest import ingest_source
 from kepsilon.tasks.k_anonymise import k_anonymise_records
 from kepsilon.tasks.metrics import measure_release
-from kepsilon.tasks.perturb import perturb_records
+from kepsilon.tasks.perturb import perturb_records, public_grid
 from kepsilon.tasks.publish import merge_and_shuffle, publish_release
-from kepsilon.tasks.record import check_approval, record_outcome, reserve_epsilon, store_location
+from kepsilon.tasks.record import check_approval, record_outcome, reserve_epsilon, store_location, verify_store
 from kepsilon.tasks.suppress import suppress_linkable
 from kepsilon.tasks.validate import check_release
 
@@ -37,7 +38,12 @@ def _run_day() -> str:
 
 @flow(name="governed-release", persist_result=False, log_prints=False, validate_parameters=True)
 def governed_release(spec: ReleaseSpec) -> dict:
-    """Run one governed (k,ε)-anonymised release and return its manifest (which holds no data)."""
+    """Run one governed (k,ε)-anonymised release and return its private record (which holds no data).
+
+    Two documents come out of a release: the public ``manifest.json`` beside the data (parameters,
+    counts, hashes of the outputs, the guarantee) and the private record in the audit store, which
+    adds every figure computed from private values. The returned record is the private one.
+    """
     logger = get_run_logger()
     spec = spec.for_date(_run_day())
     operator = spec.operator or getpass.getuser()
@@ -46,53 +52,60 @@ def governed_release(spec: ReleaseSpec) -> dict:
 
     source = ingest_source(spec.source)
     key = idempotency_key(spec, source.sha256)
-    manifest = base_manifest(spec, source.report(), key)
-    manifest["execution"] = {"flow_run_id": str(flow_run.id), "operator": operator, "started_at": started_at}
+    record = base_manifest(spec, source.report(), key)
+    record["execution"] = {"flow_run_id": str(flow_run.id), "operator": operator, "started_at": started_at}
     logger.info("release %s: %d records in", spec.release_id, source.rows)
 
     table = classify_attributes(source.frame, spec)
     partition = k_anonymise_records(table.frame, spec)
-    manifest["anonymiser"] = partition.report
-    manifest["hierarchies"] = partition.report.get("hierarchies", {})
+    record["anonymiser"] = partition.report
+    record["hierarchies"] = partition.report.get("hierarchies", {})
 
-    approval = check_approval(spec, operator, store, manifest)
-    manifest["approval"] = approval
-    reservation = reserve_epsilon(spec, key, operator, store, manifest)
-    manifest["budget"] = {"reservation_id": reservation.id, "epsilon_reserved": spec.epsilon, "reused": reservation.reused}
+    approval = check_approval(spec, operator, store, record)
+    record["approval"] = approval
+    verify_store(store)
+    reservation = reserve_epsilon(spec, key, operator, store, record)
+    record["budget"] = {"reservation_id": reservation.id, "epsilon_reserved": spec.epsilon, "reused": reservation.reused}
     fault_point("after-reservation")
 
     try:
-        manifest = _perturb_check_publish(spec, key, table, partition, reservation, store, manifest)
-    except KepsilonError as failure:
-        # ε was reserved (and possibly spent); the attempt is recorded, nothing was published.
-        manifest["failure"] = str(failure)
-        record_outcome(manifest, "failed", reservation.id, store)
+        record = _perturb_check_publish(spec, key, table, partition, reservation, store, record)
+    except Exception as failure:
+        # ε was reserved (and possibly spent): whatever went wrong, the attempt is recorded.
+        record["failure"] = str(failure)
+        record["failure_class"] = type(failure).__name__
+        record_outcome(record, "failed", reservation.id, store)
         raise
     fault_point("before-audit-commit")
-    record_outcome(manifest, "published", reservation.id, store)
-    publish_report_artifacts(manifest)
-    logger.info("release %s published: %d records", spec.release_id, manifest["rows_published"])
-    return manifest
+    record_outcome(record, "published", reservation.id, store)
+    publish_report_artifacts(record)
+    logger.info("release %s published: %d records", spec.release_id, record["rows_published"])
+    return record
 
 
-def _perturb_check_publish(spec, key, table, partition, reservation, store, manifest) -> dict:
-    """The stages that run on reserved budget: noise, suppression, checks, publication."""
+def _perturb_check_publish(spec, key, table, partition, reservation, store, record) -> dict:
+    """The stages that run on reserved budget: noise, suppression, labels, checks, publication."""
     kept = table.frame[partition.kept]
     class_ids = partition.class_ids[partition.kept]
     perturbation = perturb_records(kept, class_ids, spec, key, reservation.id, store)
-    manifest["perturbation"] = perturbation.report
-    manifest["seed_commitment"] = perturbation.seed_commitment
+    record["perturbation"] = perturbation.report
+    record["seed_commitment"] = perturbation.seed_commitment
 
     suppression = suppress_linkable(kept, perturbation.frame, class_ids, perturbation.scales, spec)
-    release = merge_and_shuffle(partition, kept, perturbation, suppression, table.roles)
-    manifest.update(measure_release(kept, perturbation.frame, class_ids, partition, suppression, spec))
+    release = merge_and_shuffle(partition, kept, class_ids, perturbation, suppression, table.roles)
+    record.update(measure_release(kept, perturbation.frame, class_ids, partition, suppression, spec, perturbation.scales))
+    record["groups"] = published_groups(release, table.roles["k_quasi"], record["rows_in"])
 
-    validation = check_release(release, spec, manifest["rows_in"], sum(manifest["rows_removed"].values()))
-    manifest["checks"] = validation.checks
+    validation = check_release(release, spec, record["rows_in"], sum(record["rows_removed"].values()))
+    record["checks"] = validation.checks
     if not validation.success:
         raise ValidationFailed(validation.failed_checks)
 
-    publication = publish_release(release, manifest, spec.output_dir)
-    manifest.update(publication.report())
-    manifest["execution"]["finished_at"] = datetime.now(timezone.utc).isoformat()
-    return manifest
+    grids = {q.column: public_grid(q.lower, q.upper, epsilon) for q, epsilon in zip(spec.roles.e_quasi, spec.epsilon_split().values())}
+    public = public_manifest(record, spec, grids, guarantee_statement(spec.scale_basis))
+    publication = publish_release(release, public, spec.output_dir)
+    record.update(publication.report())
+    record["output_dir"] = str(publication.directory)
+    record["public_manifest"] = {**public, "outputs": dict(publication.outputs)}
+    record["execution"]["finished_at"] = datetime.now(timezone.utc).isoformat()
+    return record

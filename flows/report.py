@@ -22,8 +22,8 @@ def summary_rows(manifest: dict) -> list[dict]:
     rows += [(f"removed: {stage}", count) for stage, count in manifest.get("rows_removed", {}).items()]
     rows += [
         ("records published", manifest.get("rows_published")),
-        ("equivalence classes", manifest.get("classes", {}).get("n_classes")),
-        ("smallest class", manifest.get("classes", {}).get("smallest_class")),
+        ("published groups", manifest.get("groups", {}).get("published")),
+        ("smallest group", manifest.get("groups", {}).get("smallest")),
         ("relative error, measured", _percent(loss.get("measured"))),
         ("relative error, predicted", _percent(loss.get("predicted"))),
         ("linking risk", _percent(manifest.get("linking_risk"))),
@@ -48,17 +48,32 @@ def markdown_report(manifest: dict) -> str:
 
 
 def guarantee_statement(scale_basis: str) -> str:
-    """What the release does and does not guarantee (method.md §7), stated for its scale basis."""
+    """What the release does and does not guarantee (method.md §7), stated for its scale basis.
+
+    The same text goes into the public manifest, the report and the README's guarantees.
+    """
     if scale_basis == "bounds":
-        return (
-            "Noise scale from public bounds: each ε-quasi is ε-differentially private *given the partition*. "
-            "The partition itself (Mondrian's cuts or OLA's node) and confidence suppression are computed from "
-            "the private data, so the release as a whole is not ε-DP."
+        noise = (
+            "Noise scale from public bounds: given the partition, the ε-quasis are ε-differentially private "
+            "(Laplace noise of scale (upper − lower)/ε per record, values clamped to the bounds, outputs rounded "
+            "to a public grid; confidence suppression is not applied because it would read the true values). "
+            "The partition (Mondrian's cuts or OLA's node) is computed from the private data, so the release "
+            "as a whole is not ε-DP."
+        )
+    else:
+        noise = (
+            "Noise scale from each class's diameter (the paper's method): records are indistinguishable on their "
+            "ε-quasis inside their equivalence class against an adversary who knows the quasi-identifiers. The "
+            "scale, the partition and confidence suppression read the private data, so the release is not "
+            "ε-differentially private; a class whose members share one value (zero diameter) publishes that "
+            "value exactly. The ε summed in the ledger for such releases is bookkeeping, not DP composition: "
+            "re-releases with fresh noise can be averaged."
         )
     return (
-        "Noise scale from each class's diameter (the paper's method): records are indistinguishable *inside* "
-        "their equivalence class against an adversary who knows the quasi-identifiers. The scale is computed "
-        "from the private data, so the release is **not** ε-differentially private in the standard sense."
+        f"k-anonymity on the published k-quasi labels, which are nodes of public hierarchies. {noise} "
+        "Sensitive attributes are published as they are: a group whose members share one sensitive value "
+        "discloses it (homogeneity attack). Re-releasing the same people with a different partition allows "
+        "intersection attacks."
     )
 
 

@@ -16,6 +16,7 @@ import yaml
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
 
 from kepsilon.tasks.errors import SpecError
+from kepsilon.tasks.hierarchy_builders import HierarchyBuilder
 
 _STRICT = ConfigDict(extra="forbid")
 
@@ -59,8 +60,12 @@ class KQuasi(BaseModel):
     model_config = _STRICT
 
     column: str
-    hierarchy: str | None = Field(
-        default=None, description="hierarchy CSV (leaf;level1;…;*); empty for a numeric column released as ranges"
+    hierarchy: str | HierarchyBuilder | None = Field(
+        default=None,
+        description=(
+            "hierarchy CSV file (leaf;level1;…;*), or a public builder: "
+            "`{kind: intervals, lower, upper, widths}`, `{kind: masking, length}`, `{kind: dates, levels}`"
+        ),
     )
 
 
@@ -70,21 +75,24 @@ class EQuasi(BaseModel):
     model_config = _STRICT
 
     column: str
-    lower: float | None = Field(default=None, description="public lower bound (needed for scale_basis=bounds)")
-    upper: float | None = Field(default=None, description="public upper bound (needed for scale_basis=bounds)")
+    lower: float | None = Field(default=None, description="public lower bound of the column's plausible values")
+    upper: float | None = Field(default=None, description="public upper bound of the column's plausible values")
+    out_of_bounds: Literal["refuse", "clamp"] = Field(
+        default="refuse", description="a value outside the bounds refuses the release, or is clamped to them"
+    )
     epsilon_share: float | None = Field(
         default=None, gt=0, description="relative share of the record's ε; equal shares if empty"
     )
 
     @model_validator(mode="after")
     def _bounds_ordered(self):
-        if (self.lower is None) != (self.upper is None):
-            raise ValueError(f"ε-quasi {self.column!r}: give both lower and upper bounds, or neither")
-        if self.lower is not None:
-            if not (math.isfinite(self.lower) and math.isfinite(self.upper)):
-                raise ValueError(f"ε-quasi {self.column!r}: bounds must be finite")
-            if self.lower >= self.upper:
-                raise ValueError(f"ε-quasi {self.column!r}: lower bound must be below upper bound")
+        # Public bounds set the plausibility range and the public snapping grid in both scale bases.
+        if self.lower is None or self.upper is None:
+            raise ValueError(f"ε-quasi {self.column!r}: needs public lower and upper bounds")
+        if not (math.isfinite(self.lower) and math.isfinite(self.upper)):
+            raise ValueError(f"ε-quasi {self.column!r}: bounds must be finite")
+        if self.lower >= self.upper:
+            raise ValueError(f"ε-quasi {self.column!r}: lower bound must be below upper bound")
         return self
 
 
@@ -117,6 +125,13 @@ class Roles(BaseModel):
                 seen[column] = role
         if not self.k_quasi:
             raise ValueError("at least one k_quasi column is needed")
+        for quasi in self.k_quasi:
+            if quasi.hierarchy is None:
+                # Without public labels a class could only be released as its true values or extremes.
+                raise ValueError(
+                    f"k-quasi {quasi.column!r} needs a hierarchy: a file, or a builder "
+                    "(intervals for numbers, masking for codes, dates)"
+                )
         return self
 
 
@@ -127,7 +142,7 @@ class ReleaseSpec(BaseModel):
 
     release_id: str = Field(
         pattern=r"^[A-Za-z0-9]([A-Za-z0-9._-]|\{date\}){0,127}$",
-        description="names out/<release-id>/; `{date}` becomes the run's scheduled date (YYYY-MM-DD) for nightly releases",
+        description="names the folder `output_dir/release_id`; `{date}` becomes the run's scheduled date (YYYY-MM-DD)",
     )
     population_id: str = Field(min_length=1, description="the set of people whose ε budget this release spends")
     source: SourceSpec
@@ -144,7 +159,14 @@ class ReleaseSpec(BaseModel):
     )
     confidence: float = Field(default=0.99, gt=0, lt=1, description="confidence c of confidence-based suppression")
     suppression_budget: float = Field(default=0.05, ge=0, le=1, description="largest fraction of records removed")
-    output_dir: str = Field(default="out", description="published files go to <output_dir>/<release_id>/")
+    output_dir: str = Field(default="out", description="published files go to `output_dir/release_id`")
+    publish_statistics: list[Literal["information_loss", "linking_risk", "k_quasi_precision"]] = Field(
+        default=[],
+        description=(
+            "statistics computed from the private data to add to the public manifest; "
+            "they are not protected by the method (an adversary who knows the other records can solve them)"
+        ),
+    )
     operator: str | None = Field(default=None, description="who runs the release; defaults to the OS user")
     approval_required: bool = Field(
         default=False, description="two-person rule: refuse the release without an approval by someone other than the operator"
@@ -157,14 +179,6 @@ class ReleaseSpec(BaseModel):
             raise ValueError("ε must be finite")
         return value
 
-    @model_validator(mode="after")
-    def _bounds_for_bounds_basis(self):
-        if self.scale_basis == "bounds":
-            missing = [q.column for q in self.roles.e_quasi if q.lower is None]
-            if missing:
-                raise ValueError(f"scale_basis=bounds needs lower/upper for ε-quasi(s) {missing}")
-        return self
-
     def epsilon_split(self) -> dict[str, float]:
         """ε per ε-quasi: the record's ε divided by the declared shares (equal by default)."""
         shares = [q.epsilon_share or 1.0 for q in self.roles.e_quasi]
@@ -174,9 +188,10 @@ class ReleaseSpec(BaseModel):
     def spec_hash(self) -> str:
         """SHA-256 of the canonical JSON of what defines the release's content.
 
-        The operator is left out: a rerun by another operator is the same logical release.
+        The operator and the output folder are left out: a rerun by another operator, or into a
+        corrected output folder, is the same logical release (one spend, one noise draw).
         """
-        content = self.model_dump(mode="json", exclude={"operator"})
+        content = self.model_dump(mode="json", exclude={"operator", "output_dir"})
         canonical = json.dumps(content, sort_keys=True, separators=(",", ":"))
         return hashlib.sha256(canonical.encode()).hexdigest()
 
@@ -230,5 +245,6 @@ def resolve_paths(spec: ReleaseSpec, base: Path) -> ReleaseSpec:
     data = spec.model_dump()
     data["source"]["path"] = absolute(data["source"]["path"])
     for quasi in data["roles"]["k_quasi"]:
-        quasi["hierarchy"] = absolute(quasi["hierarchy"])
+        if isinstance(quasi["hierarchy"], str):
+            quasi["hierarchy"] = absolute(quasi["hierarchy"])
     return ReleaseSpec.model_validate(data)

@@ -105,10 +105,11 @@ def fault_scenario(results: Results, env: dict, work: Path, source: Path, point:
         return
     ok, detail = reader_view(release_dir)
     results.add(cat, f"{label}: rerun's release is complete and consistent", ok and (release_dir / "manifest.json").exists(), detail)
-    manifest = json.loads((release_dir / "manifest.json").read_text(encoding="utf-8"))
     if sealed:
+        # The commitment is private: the audit record of the published release holds it.
+        committed = rows(db, "SELECT seed_commitment FROM releases WHERE outcome = 'published'")
         results.add(cat, f"{label}: rerun uses the seed sealed before the kill",
-                    manifest["seed_commitment"] == sealed[0], "commitment compared")
+                    bool(committed) and all(c == sealed[0] for (c,) in committed), "commitment compared")
     first = (release_dir / "data.csv").read_bytes()
     if staged is not None:
         results.add(cat, f"{label}: rerun's data.csv equals the bytes staged by the killed run", first == staged,
@@ -292,7 +293,7 @@ def bad_input_scenario(results: Results, env: dict, base: Path, sample: Path, ru
             if code == 0:
                 ok, detail = reader_view(work / "out" / "bad-input")
                 data = pd.read_csv(work / "out" / "bad-input" / "data.csv")
-                k = json.loads((work / "out" / "bad-input" / "manifest.json").read_text())["k"]
+                k = json.loads((work / "out" / "bad-input" / "manifest.json").read_text())["method"]["k"]
                 smallest = int(data.groupby(["YOB", "GENDER", "RACE", "MARITAL_STATUS"]).size().min()) if len(data) else 0
                 results.add(cat, f"{name}: published release is consistent and k-anonymous", ok and (not len(data) or smallest >= k),
                             f"{len(data)} rows, smallest class {smallest}")
@@ -574,10 +575,10 @@ def tamper_scenario(results: Results, env: dict, work: Path, store: Path) -> int
                         plain.returncode == 0 and with_cp.returncode == 0, f"exit {plain.returncode}/{with_cp.returncode}")
             continue
         tried += 1
-        results.add(cat, f"{name}: verify --checkpoint exits 1 and says BROKEN",
-                    with_cp.returncode == 1 and "BROKEN" in with_cp.stdout, f"exit {with_cp.returncode}")
+        results.add(cat, f"{name}: verify --checkpoint exits 2 and says BROKEN",
+                    with_cp.returncode == 2 and "BROKEN" in with_cp.stdout, f"exit {with_cp.returncode}")
         if not with_checkpoint:
-            results.add(cat, f"{name}: verify (no checkpoint) exits 1", plain.returncode == 1, f"exit {plain.returncode}")
+            results.add(cat, f"{name}: verify (no checkpoint) exits 2", plain.returncode == 2, f"exit {plain.returncode}")
         else:
             # A clean tail cut leaves a consistent chain: only the exported head reveals it.
             results.add(cat, f"{name}: detected only against the checkpoint (verify alone: exit {plain.returncode})",
@@ -605,7 +606,7 @@ def _constructed_class(basis: str, width: float, n: int) -> tuple[pd.DataFrame, 
     sit mid-way between public bounds ``width`` apart (bounds mode, clamping then negligible)."""
     if basis == "diameter":
         values = np.where(np.arange(n) % 2 == 0, 0.0, width)
-        quasi = SimpleNamespace(column="v", lower=-1e9, upper=1e9)
+        quasi = SimpleNamespace(column="v", lower=0.0, upper=width)  # public bounds: the class spans them
     else:
         values = np.full(n, width / 2)
         quasi = SimpleNamespace(column="v", lower=0.0, upper=width)
@@ -616,7 +617,7 @@ def noise_scenario(results: Results, samples: int, seed: int = 20240611) -> None
     """KS fit of perturb's noise to Laplace(b), grid membership, and a wrong scale caught."""
     from scipy import stats
 
-    from kepsilon.tasks.perturb import perturb
+    from kepsilon.tasks.perturb import perturb, public_grid
 
     cat = "noise"
     rng = np.random.default_rng(seed)
@@ -629,9 +630,9 @@ def noise_scenario(results: Results, samples: int, seed: int = 20240611) -> None
         results.add(cat, f"{label}: scale reported = width/ε", np.allclose(result.scales["v"], b), "")
         fit = stats.kstest(noise, "laplace", args=(0.0, b))
         results.add(cat, f"{label}: KS fit to Laplace(b)", fit.pvalue > 1e-3, f"D={fit.statistic:.4f}, p={fit.pvalue:.3g}")
-        grid = 2.0 ** (math.ceil(math.log2(b)) - 10)
+        grid = public_grid(quasi.lower, quasi.upper, epsilon)
         on_grid = np.all(result.frame["v"].to_numpy() / grid == np.round(result.frame["v"].to_numpy() / grid))
-        results.add(cat, f"{label}: every output on the grid 2^(ceil(log2 b)-10)", bool(on_grid), f"grid {grid:g}")
+        results.add(cat, f"{label}: every output on the public grid 2^(ceil(log2((upper-lower)/ε))-10)", bool(on_grid), f"grid {grid:g}")
         mean_abs = float(np.abs(noise).mean())
         results.add(cat, f"{label}: mean |noise| within 4 SE of b", abs(mean_abs - b) < 4 * b / math.sqrt(samples),
                     f"mean |noise| {mean_abs:.4g}")

@@ -50,6 +50,25 @@ def check_e_quasi_values(frame: pd.DataFrame, column: str) -> None:
         raise InputError(column, f"ε-quasi values must be finite; {int(bad.sum())} record(s) are missing, NaN or ±inf")
 
 
+def check_e_quasi_bounds(frame: pd.DataFrame, quasi) -> None:
+    """Refuse values outside the ε-quasi's public bounds unless the spec asks for them to be clamped.
+
+    The bounds are the plausibility range the noise and the public grid are calibrated to; a value
+    outside them is either an error in the data or an outlier the steward must decide about. The
+    count is given, never the values.
+    """
+    if quasi.out_of_bounds == "clamp":
+        return
+    values = frame[quasi.column].to_numpy(dtype=np.float64, na_value=np.nan)
+    outside = int(((values < quasi.lower) | (values > quasi.upper)).sum())
+    if outside:
+        raise InputError(
+            quasi.column,
+            f"{outside} record(s) lie outside the public bounds [{quasi.lower:g}, {quasi.upper:g}]; "
+            "correct them, widen the bounds, or set out_of_bounds: clamp",
+        )
+
+
 def check_k_quasi_values(frame: pd.DataFrame, column: str) -> None:
     """A k-quasi may not be missing: an absent value cannot be generalised or grouped honestly."""
     missing = int(frame[column].isna().sum())
@@ -63,8 +82,9 @@ def classify(frame: pd.DataFrame, spec: ReleaseSpec) -> ClassifiedTable:
     names = spec.roles.names()
     for column in names["k_quasi"]:
         check_k_quasi_values(frame, column)
-    for column in names["e_quasi"]:
-        check_e_quasi_values(frame, column)
+    for quasi in spec.roles.e_quasi:
+        check_e_quasi_values(frame, quasi.column)
+        check_e_quasi_bounds(frame, quasi)
     if spec.k > len(frame):
         raise SpecError("k", f"k = {spec.k} is larger than the table ({len(frame)} records)")
     return ClassifiedTable(frame=frame.drop(columns=names["explicit"]), roles=names)

@@ -42,7 +42,7 @@ sort per dimension plus O(u · d) per depth (u distinct tuples, d k-quasis), O(u
 overall; nothing is quadratic and there is no Python loop over records or partitions.
 """
 
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 import numpy as np
 import pandas as pd
@@ -51,6 +51,7 @@ from prefect.cache_policies import NO_CACHE
 
 from .errors import InputError, SpecError
 from .hierarchy import Hierarchy, categorical_precision, load_hierarchy, lowest_common_levels
+from .hierarchy_builders import build_hierarchy
 
 ALGORITHM = "mondrian"
 
@@ -68,6 +69,8 @@ class Partition:
     released: pd.DataFrame
     kept: np.ndarray
     report: dict
+    hierarchies: dict = field(default_factory=dict, repr=False)
+    levels: dict | None = None  # OLA's node {column: level}; None: each class at its lowest common level
 
 
 @dataclass(frozen=True)
@@ -220,14 +223,23 @@ def _encode_hierarchical(values: pd.Series, hierarchy: Hierarchy) -> _Dimension:
     present = np.bincount(leaf_codes, minlength=len(hierarchy.leaves)) > 0
     dense_of_leaf = np.cumsum(present) - 1
     distinct_leaves = np.flatnonzero(present)
-    cells = np.arange(len(distinct_leaves), dtype=np.float64)
+    if hierarchy.leaf_numbers is not None:
+        # A built numeric or date hierarchy: widths are measured on the numbers, as for a numeric column.
+        edges = np.asarray(hierarchy.leaf_numbers, dtype=np.float64)[distinct_leaves]
+        lower_edge, upper_edge = edges, edges
+        spread = float(edges[-1] - edges[0]) if len(edges) else 0.0
+        scale = spread if spread > 0 else 1.0
+    else:
+        lower_edge = np.arange(len(distinct_leaves), dtype=np.float64)
+        upper_edge = lower_edge + 1.0
+        scale = float(len(distinct_leaves))
     return _Dimension(
         values.name,
         "hierarchy",
         dense_of_leaf[leaf_codes].astype(np.int64),
-        cells,
-        cells + 1.0,
-        float(len(distinct_leaves)),
+        lower_edge,
+        upper_edge,
+        scale,
         distinct_leaves,
         hierarchy,
     )
@@ -539,23 +551,87 @@ def _release_set(dimension: _Dimension, classes: _Classes, j: int):
 # --- Prefect task (thin wrapper; the functions above know nothing of Prefect) -----------------
 
 
-def load_hierarchies(spec) -> dict[str, Hierarchy]:
-    """The spec's hierarchies by column, for the k-quasis that declare one."""
-    return {q.column: load_hierarchy(q.hierarchy, q.column) for q in spec.roles.k_quasi if q.hierarchy}
+def load_hierarchies(spec, frame: pd.DataFrame) -> dict[str, Hierarchy]:
+    """The spec's hierarchies by column: a hierarchy file, or one built from a public definition.
+
+    A built hierarchy is materialised over the column's values (``build_hierarchy``), but its labels
+    and its SHA-256 come from the definition alone, so they are as public as a file's.
+    """
+    hierarchies = {}
+    for quasi in spec.roles.k_quasi:
+        if quasi.hierarchy is None:
+            continue
+        if isinstance(quasi.hierarchy, str):
+            hierarchies[quasi.column] = load_hierarchy(quasi.hierarchy, quasi.column)
+        else:
+            hierarchies[quasi.column] = build_hierarchy(quasi.hierarchy, frame[quasi.column], quasi.column)
+    return hierarchies
 
 
 def k_anonymise(frame: pd.DataFrame, spec) -> Partition:
     """Partition the records with the spec's algorithm (Mondrian or OLA); hierarchy hashes go in the report."""
-    hierarchies = load_hierarchies(spec)
+    hierarchies = load_hierarchies(spec, frame)
     columns = [q.column for q in spec.roles.k_quasi]
     if spec.algorithm == "ola":
         from .ola import ola  # OLA returns this module's Partition; imported here to avoid a cycle
 
         partition = ola(frame, columns, spec.k, hierarchies, spec.suppression_budget, spec.ola_metric)
+        partition.levels = {column: int(level) for column, level in partition.report["node"].items()}
     else:
         partition = mondrian(frame, columns, spec.k, hierarchies)
+    partition.hierarchies = hierarchies
     partition.report["hierarchies"] = {column: h.sha256 for column, h in hierarchies.items()}
     return partition
+
+
+def published_labels(
+    frame: pd.DataFrame, class_ids: np.ndarray, published: np.ndarray, hierarchies, levels: dict | None = None
+) -> pd.DataFrame:
+    """The k-quasi labels to publish, computed from the published records only.
+
+    ``frame`` holds the k-quasi columns of the records the anonymiser kept, ``class_ids`` their
+    class, ``published`` which of them survive every suppression stage. With ``levels`` (OLA's
+    node) every value is generalised to its column's level; without (Mondrian) each class gets, per
+    column, the lowest hierarchy level at which its *published* members agree. Either way a label is
+    a node of a public hierarchy and no label depends on a suppressed record: changing a suppressed
+    record's value changes nothing here. Rows not published get the top label (they are dropped).
+
+    Raises ``SpecError`` for a column without a hierarchy: its only labels would be the class's
+    true values or extremes.
+    """
+    dense_ids, n_classes = _dense(class_ids)
+    published = np.asarray(published, dtype=bool)
+    labels = {}
+    for column in frame.columns:
+        hierarchy = hierarchies.get(column)
+        if hierarchy is None:
+            raise SpecError(
+                f"roles.k_quasi.{column}",
+                "needs a hierarchy (a file or a builder: intervals, masking, dates); without one its labels "
+                "would print the class's true values",
+            )
+        leaf_codes = hierarchy.leaf_codes(frame[column])
+        if levels is not None:
+            class_level = np.full(n_classes, int(levels[column]), dtype=np.int64)
+        else:
+            class_level = np.full(n_classes, hierarchy.height - 1, dtype=np.int64)
+            if published.any():
+                present, dense_present = np.unique(dense_ids[published], return_inverse=True)
+                class_level[present] = lowest_common_levels(
+                    leaf_codes[published], dense_present.reshape(-1), hierarchy
+                )
+        row_level = np.where(published, class_level[dense_ids], hierarchy.height - 1)
+        column_labels = np.empty(len(frame), dtype=object)
+        for level in np.unique(row_level):  # one gather per level, not one label per row
+            at_level = row_level == level
+            column_labels[at_level] = hierarchy.labels[level][leaf_codes[at_level]]
+        labels[column] = pd.array(column_labels, dtype=str)
+    return pd.DataFrame(labels, index=frame.index)
+
+
+def _dense(class_ids: np.ndarray) -> tuple[np.ndarray, int]:
+    unique, dense = np.unique(np.asarray(class_ids), return_inverse=True)
+    return dense.reshape(-1).astype(np.int64), len(unique)
 
 
 @task(name="k-anonymise", cache_policy=NO_CACHE, persist_result=False)

@@ -6,10 +6,16 @@ dense) and are vectorised: one sort per call, nothing quadratic per class.
 Relative errors divide by ``|v|``: a zero original value has no relative error. Both error functions
 therefore **refuse** (``InputError``) a column holding zeros rather than silently dropping records,
 which would bias the figure; shift or rescale such a column before using relative error.
+
+The release's predicted error (:func:`e_quasi_metrics`) is computed from the scales the perturbation
+actually drew with, not from re-derived diameters: a class holding a zero has that zero in its
+diameter even though the zero's own relative error is undefined, and bounds mode clamps inputs and
+outputs. See :func:`expected_absolute_error` for the exact expectation. Every figure here is computed
+from private values and belongs in the private audit record only (method.md §9).
 """
 
 import math
-from typing import Any
+from typing import Any, Mapping
 
 import numpy as np
 import pandas as pd
@@ -17,7 +23,7 @@ from prefect import task
 from prefect.cache_policies import NO_CACHE
 
 from .errors import InputError, SpecError
-from .perturb import class_diameters, dense_class_ids
+from .perturb import class_diameters, dense_class_ids, grid_bounds, noise_scales, public_grid
 from .suppress import ClassSortedValues
 
 
@@ -55,6 +61,9 @@ def predicted_relative_error(original, class_ids, epsilon: float, column: str | 
     ``err = (1/ε)·Σ_ec (diam(ec)/H(ec))·|ec|/n`` with ``H`` the harmonic mean of ``|v|`` in the class.
     Since ``|ec|/H(ec) = Σ_{i∈ec} 1/|v_i|``, this is the mean over records of ``diam(ec_i)/(ε·|v_i|)``,
     which is how it is computed. ``epsilon`` is the column's share of the record's ε.
+
+    This is the paper's formula on the values as given; the release's figure is
+    :func:`e_quasi_metrics`, which uses the scales the noise was drawn with and the clamps.
     """
     if isinstance(epsilon, bool) or not isinstance(epsilon, (int, float, np.floating)) or not (
         math.isfinite(epsilon) and epsilon > 0
@@ -130,46 +139,134 @@ def class_statistics(class_ids, n_suppressed: int) -> dict[str, Any]:
     }
 
 
-def e_quasi_metrics(original, noisy, class_ids, published, epsilon: float, bounds_width: float | None, column: str) -> dict:
-    """Loss and risk figures of one ε-quasi.
+def expected_absolute_error(original, centre, scales, low: float = -math.inf, high: float = math.inf) -> np.ndarray:
+    """Per row, ``E|Y − v|`` for ``Y = clamp(c + X, low, high)``, ``X ~ Laplace(0, b)``, exactly.
 
-    Errors are over every perturbed record (the population the formula predicts); linking risk over
-    the published records only, since suppression exists to remove the linkable ones. Zero values,
-    for which relative error is undefined, are left out of the error figures and counted instead of
-    failing a release whose noise is already drawn. With public bounds the predicted error is
-    ``(upper − lower)/ε`` times the mean of ``1/|v|`` (the same formula with the bounds as diameter).
+    ``original``: ``v``; ``centre``: ``c``, the value the noise was added to (``v`` clamped to the
+    public bounds); ``scales``: ``b`` per row (0: no noise, ``Y = clamp(c, low, high)``); ``low``,
+    ``high``: the output clamp (infinite in diameter mode; the bounds rounded inwards to the grid,
+    ``L'`` and ``U'``, in bounds mode). With ``S(t) = P(c + X > t)``,
+
+        E|Y − v| = ∫_v^∞ P(Y > t) dt + ∫_−∞^v P(Y ≤ t) dt
+                 = (lo − v)⁺ + ∫_{max(v,lo)}^{hi} S + (v − hi)⁺ + ∫_{lo}^{min(v,hi)} (1 − S),
+
+    in closed form through the antiderivatives ``A(t) = min(t − c, 0) − (b/2)e^{−|t−c|/b}`` of ``S``
+    and ``B(t) = max(t − c, 0) + (b/2)e^{−|t−c|/b}`` of ``1 − S`` (``A(∞) = B(−∞) = 0``). Special
+    cases: ``b`` when ``v = c`` and there is no clamp; ``|v − c| + (b/2)(2 − e^{−(hi−c)/b} −
+    e^{−(c−lo)/b})`` when ``lo ≤ c ≤ hi`` and ``v`` lies beyond ``c`` on the clamped side.
+    The rounding to the public grid (at most half a grid step per value, and symmetric) is not
+    modelled.
     """
-    nonzero = original != 0
-    v, v_noisy, ids = original[nonzero], noisy[nonzero], class_ids[nonzero]
-    if bounds_width is None:
-        predicted = predicted_relative_error(v, ids, epsilon, column)
+    v = np.asarray(original, dtype=np.float64)
+    c = np.asarray(centre, dtype=np.float64)
+    b = np.asarray(scales, dtype=np.float64)
+    noised = b > 0
+    safe_b = np.where(noised, b, 1.0)
+
+    def tail(t):
+        with np.errstate(invalid="ignore"):
+            return np.where(np.isinf(t), 0.0, 0.5 * safe_b * np.exp(-np.abs(t - c) / safe_b))
+
+    def antiderivative_above(t):  # A
+        return np.where(np.isinf(t), 0.0, np.minimum(t - c, 0.0)) - tail(t)
+
+    def antiderivative_below(t):  # B
+        return np.where(np.isinf(t), 0.0, np.maximum(t - c, 0.0)) + tail(t)
+
+    lo = np.full_like(v, low)
+    hi = np.full_like(v, high)
+    start = np.maximum(v, lo)
+    above = np.maximum(lo - v, 0.0) + np.where(start < hi, antiderivative_above(hi) - antiderivative_above(start), 0.0)
+    end = np.minimum(v, hi)
+    below = np.maximum(v - hi, 0.0) + np.where(lo < end, antiderivative_below(end) - antiderivative_below(lo), 0.0)
+    return np.where(noised, above + below, np.abs(np.clip(c, low, high) - v))
+
+
+def e_quasi_metrics(
+    original,
+    noisy,
+    class_ids,
+    published,
+    scales,
+    *,
+    column: str,
+    lower: float,
+    upper: float,
+    epsilon: float,
+    scale_basis: str,
+) -> dict:
+    """Loss and risk figures of one ε-quasi (all private).
+
+    ``original``: the values before perturbation (unclamped); ``noisy``: as published, before
+    suppression; ``scales``: the Laplace scale each row's noise was drawn with (``PerturbResult.scales``
+    of the column); ``lower``, ``upper``, ``epsilon``: the column's public bounds and ε share, which
+    fix the clamp and the public grid.
+
+    Errors are over every perturbed record with a non-zero original (the relative error of a zero is
+    undefined; such records are counted in ``zero_values_excluded``, not failing a release whose
+    noise is already drawn): ``measured = mean |published − v|/|v|`` and ``predicted = mean
+    E|published − v|/|v|`` with the expectation of :func:`expected_absolute_error` (``b`` per row in
+    diameter mode, the input and output clamps included in bounds mode). Linking risk is over the
+    published records only, since suppression exists to remove the linkable ones.
+    """
+    original = _values("original", original)
+    noisy = _values("noisy", noisy, len(original))
+    scales = _values("scales", scales, len(original))
+    class_ids = np.asarray(class_ids)
+    centre = np.clip(original, lower, upper)
+    if scale_basis == "bounds":
+        low, high = grid_bounds(lower, upper, public_grid(lower, upper, epsilon))
     else:
-        predicted = float(bounds_width / epsilon * np.mean(1 / np.abs(v))) if len(v) else 0.0
+        low, high = -math.inf, math.inf
+    nonzero = original != 0
+    expected = expected_absolute_error(original[nonzero], centre[nonzero], scales[nonzero], low, high)
+    predicted = float(np.mean(expected / np.abs(original[nonzero]))) if nonzero.any() else 0.0
     return {
-        "measured_relative_error": measured_relative_error(v, v_noisy, column),
+        "measured_relative_error": measured_relative_error(original[nonzero], noisy[nonzero], column),
         "predicted_relative_error": predicted,
         "linking_risk": linking_risk(original[published], noisy[published], class_ids[published]),
         "zero_values_excluded": int((~nonzero).sum()),
     }
 
 
-def release_metrics(original: pd.DataFrame, noisy: pd.DataFrame, class_ids: np.ndarray, partition, suppression, spec) -> dict:
-    """The manifest's outcome figures: rows removed per stage, loss, risk and class statistics.
+def release_metrics(
+    original: pd.DataFrame,
+    noisy: pd.DataFrame,
+    class_ids: np.ndarray,
+    partition,
+    suppression,
+    spec,
+    scales: Mapping[str, np.ndarray] | None = None,
+) -> dict:
+    """The private record's outcome figures: rows removed per stage, loss, risk and class statistics.
 
     ``original`` and ``noisy`` hold the records the anonymiser kept, aligned with ``class_ids``.
+    ``scales``: the perturbation's scales per ε-quasi column (``PerturbResult.scales``), which the
+    predicted error uses. Callers should pass them; when omitted they are derived with
+    :func:`kepsilon.tasks.perturb.noise_scales`, the definition the perturbation itself uses.
     """
     published = ~suppression.removed
+    dense_ids, n_classes = dense_class_ids(class_ids, len(original))
     per_column = {}
     for quasi in spec.roles.e_quasi:
-        width = (quasi.upper - quasi.lower) if spec.scale_basis == "bounds" else None
+        epsilon = spec.epsilon_split()[quasi.column]
+        values = original[quasi.column].to_numpy(dtype=np.float64)
+        if scales is not None:
+            column_scales = np.asarray(scales[quasi.column], dtype=np.float64)
+        else:
+            clamped = np.clip(values, quasi.lower, quasi.upper)
+            column_scales = noise_scales(clamped, dense_ids, n_classes, quasi.lower, quasi.upper, epsilon, spec.scale_basis)
         per_column[quasi.column] = e_quasi_metrics(
-            original[quasi.column].to_numpy(dtype=np.float64),
+            values,
             noisy[quasi.column].to_numpy(dtype=np.float64),
             class_ids,
             published,
-            spec.epsilon_split()[quasi.column],
-            width,
-            quasi.column,
+            column_scales,
+            column=quasi.column,
+            lower=quasi.lower,
+            upper=quasi.upper,
+            epsilon=epsilon,
+            scale_basis=spec.scale_basis,
         )
     rows_removed = {
         "anonymiser_suppression": int((~partition.kept).sum()),
@@ -192,6 +289,8 @@ def release_metrics(original: pd.DataFrame, noisy: pd.DataFrame, class_ids: np.n
 
 
 @task(name="metrics", cache_policy=NO_CACHE, persist_result=False)
-def measure_release(original: pd.DataFrame, noisy: pd.DataFrame, class_ids: np.ndarray, partition, suppression, spec) -> dict:
-    """Prefect task: information loss, linking risk and class statistics of the release."""
-    return release_metrics(original, noisy, class_ids, partition, suppression, spec)
+def measure_release(
+    original: pd.DataFrame, noisy: pd.DataFrame, class_ids: np.ndarray, partition, suppression, spec, scales=None
+) -> dict:
+    """Prefect task: information loss, linking risk and class statistics of the release (private)."""
+    return release_metrics(original, noisy, class_ids, partition, suppression, spec, scales)

@@ -2,34 +2,44 @@
 
 What is computed
 ----------------
-For every record ``i`` in equivalence class ``ec`` and every ε-quasi column ``a`` with record budget
-share ``ε_a`` (the record's ε split across its ε-quasis, ``Σ_a ε_a = ε``: sequential composition inside
-the record, because the ε-quasis of one record are one query):
+Every ε-quasi column ``a`` declares public bounds ``[lower, upper]`` and gets a record budget share
+``ε_a`` (the record's ε split across its ε-quasis, ``Σ_a ε_a = ε``: sequential composition inside the
+record, because the ε-quasis of one record are one query). In **both** scale bases the values are
+first clamped to ``[lower, upper]`` (the release stage before refuses values outside unless the spec
+says clamp; the number clamped is counted in the private report only). Then, for every record ``i``
+of equivalence class ``ec``:
 
 - ``scale_basis="diameter"`` (the paper's method): ``b = diam_a(ec) / ε_a`` with
-  ``diam_a(ec) = max − min`` of the column over the class. A class with zero diameter gets no noise and
-  keeps its values exactly (its members are already indistinguishable on that column).
-- ``scale_basis="bounds"``: the values are first clamped to the public bounds ``[lower, upper]`` of the
-  spec and ``b = (upper − lower) / ε_a`` for every record.
+  ``diam_a(ec) = max − min`` of the clamped column over the class. A class with zero diameter gets
+  no noise and is published exactly (its members are already indistinguishable on that column; the
+  method prescribes it, and it does reveal that the class's values are all equal).
+- ``scale_basis="bounds"``: ``b = (upper − lower) / ε_a`` for every record.
 
 The noisy value is ``v + Lap(0, b)`` drawn independently per record and column, then *snapped*.
 
-Snapping (against the floating-point low-bit channel, Mironov 2012)
---------------------------------------------------------------------
+Public snapping grid (against the floating-point low-bit channel, Mironov 2012)
+-------------------------------------------------------------------------------
 A textbook float Laplace sample ``v + Lap(b)`` leaks ``v`` through which floats are reachable. Each
-noisy value is therefore rounded (half to even) to the grid ``Λ·ℤ`` with
+noisy value is therefore rounded (half to even) to the grid ``Λ_a·ℤ`` of its column, with
 
-    Λ = 2^(ceil(log2 b) − 10),   so   b/1024 ≤ Λ < b/512,
+    Λ_a = 2^(ceil(log2((upper − lower) / ε_a)) − 10)          (:func:`public_grid`)
 
-a power of two (so ``x/Λ`` and ``round(x/Λ)·Λ`` are exact in binary floating point) and three orders
-of magnitude finer than the noise, so it changes the error by a negligible amount (< Λ/2 per value).
-``ceil(log2 b)`` is taken exactly from the binary exponent of ``b`` (``np.frexp``), not from a rounded
-logarithm. The release is refused (``SpecError('epsilon')``) if for any record ``Λ`` is less than
-``2**SPACING_MARGIN_BITS`` times the float spacing (``np.spacing``) at the magnitude of its original or
-raw noisy value: then every grid cell spans at least 2^20 floats and the reachable-float pattern
-inside a cell is not visible in the output. In bounds mode the noisy value is finally clamped to the
-bounds rounded inwards to the grid, so every output lies on its grid *and* inside ``[lower, upper]``
-(clamping is post-processing). Zero-diameter classes are not snapped: they are released unchanged.
+a power of two (so ``x/Λ`` and ``round(x/Λ)·Λ`` are exact in binary floating point) that depends on
+the public bounds and ε_a only, never on a private value: it is the same for every class and in both
+scale bases, so it can be published and the published values reveal nothing through their grid (an
+earlier grid tied to each class's scale gave away every class's diameter within a factor of two).
+Since clamped values lie in the bounds, every scale satisfies ``b ≤ (upper − lower)/ε_a ≤ 1024·Λ_a``;
+for the bounds scale ``Λ_a < b/512``, so rounding moves a value by at most ``Λ_a/2 < b/1024``.
+In diameter mode a class with a small diameter may have ``b`` below ``Λ_a``: its published values are
+then mostly ``v`` rounded to the grid (still post-processing of ``v + Lap(b)``).
+``ceil(log2 ·)`` is taken exactly from the binary exponent (``np.frexp``), not from a rounded
+logarithm. The release is refused (``SpecError('epsilon')``) if ``Λ_a`` is less than
+``2**SPACING_MARGIN_BITS`` times the float spacing (``np.spacing``) at the magnitude of any noised
+record's original or raw noisy value: then every grid cell spans at least 2^20 floats and the
+reachable-float pattern inside a cell is not visible in the output. In bounds mode the noisy value is
+finally clamped to the bounds rounded inwards to the grid, ``[L', U']``, so every output lies on the
+grid *and* inside ``[lower, upper]`` (clamping is post-processing). Zero-diameter classes are
+published unchanged, not snapped.
 
 This is the snapping *idea*, not Mironov's mechanism with its proof: the Laplace draw is numpy's
 (inverse-CDF on a 53-bit uniform), whose own rounding is not analysed here.
@@ -39,14 +49,20 @@ Guarantee
 - ``diameter``: indistinguishability of the records *inside* each equivalence class on each ε-quasi,
   under the paper's threat model (the adversary already knows everyone's quasi-identifiers). This is
   **not** ε-differential privacy in the standard sense: ``b`` is computed from the private values
-  (the class diameter) and the partition itself is data-dependent.
+  (the class diameter), zero-diameter classes are published exactly, and the partition itself is
+  data-dependent.
 - ``bounds``: ε-differential privacy for the ε-quasi values **given the partition** (the partition
-  and everything else released are not covered): each record's ε-quasis are perturbed with scale
-  from public bounds, records are disjoint (parallel composition), and the ε-quasis of a record
-  compose sequentially to ``Σ_a ε_a = ε``.
+  and everything else released are not covered): each record's clamped ε-quasis are perturbed with a
+  scale and grid from public bounds, records are disjoint (parallel composition), the ε-quasis of a
+  record compose sequentially to ``Σ_a ε_a = ε``, and snapping and output clamping are
+  post-processing (up to the floating-point caveat above). It holds for the whole release only
+  because confidence suppression is switched off in bounds mode (see ``suppress.py``).
 - Randomness comes from a 256-bit seed drawn with ``secrets``; the same seed re-derives the same
   release byte for byte, so the seed is as sensitive as the data: it is never logged, put in a
   report or a repr here.
+
+The report (``PerturbResult.report``) is private: it holds mean scales, clamped counts and the number
+of zero-diameter classes, all computed from private values. Only each column's ``grid`` in it is public.
 """
 
 import math
@@ -64,7 +80,7 @@ from kepsilon.faults import fault_point
 from .errors import InputError, SpecError
 
 SEED_BYTES = 32
-GRID_BITS_BELOW_SCALE = 10  # Λ = 2^(ceil(log2 b) − 10)
+GRID_BITS_BELOW_SCALE = 10  # Λ = 2^(ceil(log2((upper − lower)/ε)) − 10)
 SPACING_MARGIN_BITS = 20  # Λ must span ≥ 2^20 floats at the value's magnitude
 SCALE_BASES = ("diameter", "bounds")
 
@@ -97,7 +113,8 @@ class PerturbResult:
 
     ``frame``: copy of the input with the ε-quasi columns replaced by their noisy values (same index).
     ``scales``: Laplace scale ``b`` per record, per ε-quasi column (0 where no noise was added); the
-    confidence suppression needs it. ``report``: JSON-serialisable summary, no data values.
+    confidence suppression and the predicted error need it, and it is private (in diameter mode it is
+    each class's diameter over ε). ``report``: JSON-serialisable private summary, no data values.
     """
 
     frame: pd.DataFrame = field(repr=False)
@@ -152,11 +169,37 @@ def _checked_bounds(quasi: Any) -> tuple[float, float]:
     lower, upper = getattr(quasi, "lower", None), getattr(quasi, "upper", None)
     where = f"roles.e_quasi.{column}"
     if lower is None or upper is None:
-        raise SpecError(where, f"scale_basis=bounds needs lower and upper bounds for column {column!r}")
+        raise SpecError(where, f"ε-quasi column {column!r} needs public lower and upper bounds")
     lower, upper = float(lower), float(upper)
     if not (math.isfinite(lower) and math.isfinite(upper) and lower < upper):
         raise SpecError(where, f"bounds of column {column!r} must be finite with lower < upper")
     return lower, upper
+
+
+def public_grid(lower: float, upper: float, epsilon: float) -> float:
+    """The public snapping grid ``Λ = 2^(ceil(log2((upper − lower)/ε)) − 10)`` of one ε-quasi.
+
+    Depends only on the column's public bounds and its ε share, so it may be published in the
+    manifest. The exponent is exact (see :func:`grid_exponents`). Refuses (``SpecError``)
+    non-finite or inverted bounds and a non-positive or non-finite ε.
+    """
+    for name, value in (("lower", lower), ("upper", upper), ("epsilon", epsilon)):
+        if isinstance(value, bool) or not isinstance(value, (int, float, np.integer, np.floating)):
+            raise SpecError(name, "must be a number")
+    lower, upper, epsilon = float(lower), float(upper), float(epsilon)
+    if not (math.isfinite(lower) and math.isfinite(upper) and lower < upper):
+        raise SpecError("bounds", "must be finite with lower < upper")
+    if not (math.isfinite(epsilon) and epsilon > 0):
+        raise SpecError("epsilon", "must be positive and finite")
+    width_over_epsilon = (upper - lower) / epsilon
+    if not (math.isfinite(width_over_epsilon) and width_over_epsilon > 0):
+        raise SpecError("epsilon", "(upper − lower)/ε must be positive and finite")
+    return float(np.ldexp(1.0, int(grid_exponents(np.array([width_over_epsilon]))[0])))
+
+
+def grid_bounds(lower: float, upper: float, grid: float) -> tuple[float, float]:
+    """The bounds rounded inwards to the grid, ``[L', U']``: where bounds-mode outputs are clamped."""
+    return math.ceil(lower / grid) * grid, math.floor(upper / grid) * grid
 
 
 def class_diameters(values: np.ndarray, dense_ids: np.ndarray, n_classes: int) -> np.ndarray:
@@ -168,8 +211,21 @@ def class_diameters(values: np.ndarray, dense_ids: np.ndarray, n_classes: int) -
     return high - low
 
 
+def noise_scales(
+    clamped: np.ndarray, dense_ids: np.ndarray, n_classes: int, lower: float, upper: float, epsilon: float, scale_basis: str
+) -> np.ndarray:
+    """The Laplace scale ``b`` per row of one ε-quasi, from values already clamped to the bounds.
+
+    ``diameter``: the class diameter over ε (0 for a zero-diameter class); ``bounds``:
+    ``(upper − lower)/ε`` for every row. The one definition :func:`perturb` draws its noise with.
+    """
+    if scale_basis == "diameter":
+        return class_diameters(clamped, dense_ids, n_classes)[dense_ids] / epsilon
+    return np.full(len(clamped), (upper - lower) / epsilon)
+
+
 def grid_exponents(scales: np.ndarray) -> np.ndarray:
-    """Exponent ``g`` of the snapping grid ``Λ = 2^g = 2^(ceil(log2 b) − 10)`` for positive scales.
+    """Exponent ``g = ceil(log2 s) − 10`` for positive ``s`` (``s = (upper − lower)/ε`` for the grid).
 
     Exact: ``frexp`` gives ``b = m·2^e`` with ``m ∈ [0.5, 1)``, so ``ceil(log2 b)`` is ``e − 1`` when
     ``b`` is a power of two (``m = 0.5``) and ``e`` otherwise.
@@ -179,12 +235,14 @@ def grid_exponents(scales: np.ndarray) -> np.ndarray:
     return (ceil_log2 - GRID_BITS_BELOW_SCALE).astype(np.int64)
 
 
-def snap(raw: np.ndarray, grid: np.ndarray) -> np.ndarray:
-    """Round each value to the nearest multiple of its power-of-two grid (exact in binary floats)."""
+def snap(raw: np.ndarray, grid) -> np.ndarray:
+    """Round each value to the nearest multiple of the power-of-two grid (exact in binary floats)."""
     return np.round(raw / grid) * grid
 
 
-def _check_grid_resolution(column: str, grid: np.ndarray, *magnitudes: np.ndarray) -> None:
+def _check_grid_resolution(column: str, grid: float, *magnitudes: np.ndarray) -> None:
+    if not len(magnitudes[0]):
+        return
     magnitude = np.maximum.reduce([np.abs(m) for m in magnitudes])
     too_fine = grid < np.ldexp(np.spacing(magnitude), SPACING_MARGIN_BITS)
     if too_fine.any():
@@ -208,9 +266,13 @@ def perturb(
 
     ``class_ids``: one non-negative integer per row (not necessarily dense); rows suppressed by the
     anonymiser must already be dropped. ``e_quasis``: objects with ``column``, ``lower``, ``upper``
-    (the spec's ``EQuasi``). ``epsilon_split``: ε per ε-quasi column (``spec.epsilon_split()``).
+    (the spec's ``EQuasi``); the bounds are required in both scale bases, since they set the clamp
+    and the public grid. ``epsilon_split``: ε per ε-quasi column (``spec.epsilon_split()``).
     ``rng``: the noise generator of :func:`release_generators`. See the module docstring for the
     grid and for the guarantee of each ``scale_basis``.
+
+    Returns the noisy frame, the scale ``b`` each record's noise was drawn with (0 for zero-diameter
+    classes), and a private report; each column's ``grid`` in the report is :func:`public_grid`.
     """
     if scale_basis not in SCALE_BASES:
         raise SpecError("scale_basis", f"must be one of {list(SCALE_BASES)}")
@@ -224,36 +286,29 @@ def perturb(
         column = quasi.column
         epsilon = _checked_epsilon(column, epsilon_split)
         values = numeric_column(frame, column)
-        bounds = _checked_bounds(quasi) if scale_basis == "bounds" else None
-        prepared.append((column, epsilon, values, bounds))
+        lower, upper = _checked_bounds(quasi)
+        grid = public_grid(lower, upper, epsilon)
+        inner_low, inner_high = grid_bounds(lower, upper, grid)
+        if inner_low > inner_high:
+            raise SpecError("epsilon", f"column {column!r}: ε is so small that the noise grid is wider than the bounds")
+        prepared.append((column, epsilon, values, lower, upper, grid, inner_low, inner_high))
 
-    for column, epsilon, values, bounds in prepared:
-        n_clamped_inputs = 0
-        zero_diameter_classes = 0
-        if bounds is None:
-            diameters = class_diameters(values, dense_ids, n_classes)
-            zero_diameter_classes = int((diameters == 0).sum())
-            scale = diameters[dense_ids] / epsilon
-        else:
-            lower, upper = bounds
-            clamped = np.clip(values, lower, upper)
-            n_clamped_inputs = int((clamped != values).sum())
-            values = clamped
-            scale = np.full(len(values), (upper - lower) / epsilon)
+    for column, epsilon, values, lower, upper, grid, inner_low, inner_high in prepared:
+        # Clamping first in both bases keeps every scale within the public one, b ≤ (upper − lower)/ε,
+        # which is what lets one public grid serve every class.
+        clamped = np.clip(values, lower, upper)
+        n_clamped_inputs = int((clamped != values).sum())
+        values = clamped
+        scale = noise_scales(values, dense_ids, n_classes, lower, upper, epsilon, scale_basis)
+        zero_diameter_classes = int(n_classes - len(np.unique(dense_ids[scale > 0]))) if scale_basis == "diameter" else 0
 
         # One draw per row whatever the scale, so the stream does not depend on the data.
         raw = values + rng.laplace(0.0, 1.0, size=len(values)) * scale
         noisy = values.copy()
         noised = scale > 0
-        exponents = grid_exponents(scale[noised])
-        grid = np.ldexp(1.0, exponents)
         _check_grid_resolution(column, grid, values[noised], raw[noised])
         snapped = snap(raw[noised], grid)
-        if bounds is not None:
-            inner_low = np.ceil(lower / grid) * grid
-            inner_high = np.floor(upper / grid) * grid
-            if (inner_low > inner_high).any():
-                raise SpecError("epsilon", f"column {column!r}: ε is so small that the noise grid is wider than the bounds")
+        if scale_basis == "bounds":
             snapped = np.clip(snapped, inner_low, inner_high)
         noisy[noised] = snapped
         out[column] = pd.Series(noisy, index=frame.index, name=column)
@@ -261,21 +316,21 @@ def perturb(
         columns_report[column] = {
             "epsilon": epsilon,
             "scale_basis": scale_basis,
+            "grid": grid,
             "zero_diameter_classes": zero_diameter_classes,
             "noised_records": int(noised.sum()),
             "clamped_inputs": n_clamped_inputs,
-            "grid_exponent_min": int(exponents.min()) if len(exponents) else None,
-            "grid_exponent_max": int(exponents.max()) if len(exponents) else None,
             "mean_scale": float(scale.mean()) if len(scale) else 0.0,
         }
 
     report = {
         "scale_basis": scale_basis,
-        "epsilon_split": {column: epsilon for column, epsilon, _, _ in prepared},
-        "epsilon_total": float(sum(epsilon for _, epsilon, _, _ in prepared)),
+        "epsilon_split": {p[0]: p[1] for p in prepared},
+        "epsilon_total": float(sum(p[1] for p in prepared)),
         "records": int(len(frame)),
         "classes": int(n_classes),
-        "grid": f"2^(ceil(log2 b) - {GRID_BITS_BELOW_SCALE}), ≥ 2^{SPACING_MARGIN_BITS} float spacings",
+        "grid": f"per column 2^(ceil(log2((upper - lower)/ε_a)) - {GRID_BITS_BELOW_SCALE}), "
+        f"≥ 2^{SPACING_MARGIN_BITS} float spacings",
         "columns": columns_report,
     }
     return PerturbResult(frame=out, scales=scales, report=report)

@@ -26,6 +26,7 @@ from prefect.cache_policies import NO_CACHE
 from kepsilon.faults import fault_point
 
 from .errors import KepsilonError
+from .k_anonymise import published_labels
 
 DATA_CSV = "data.csv"
 DATA_PARQUET = "data.parquet"
@@ -63,16 +64,22 @@ def release_directory(output_dir: str | Path, release_id: str) -> Path:
     return Path(output_dir) / release_id
 
 
-def check_publishable(directory: Path, idempotency_key: str) -> None:
-    """Refuse to overwrite a release published under the same id by another logical release."""
+def check_publishable(directory: Path, outputs: dict[str, str]) -> None:
+    """Refuse to overwrite a release published under the same id with other content.
+
+    A rerun of the same logical release re-derives its noise from the sealed seed, so its data files
+    are byte-identical and their hashes match the published manifest's; anything else is another
+    release. (The comparison uses only the public output hashes: the published manifest carries no
+    key derived from the private source.)
+    """
     manifest_path = directory / MANIFEST
     if not manifest_path.exists():
         return
     try:
-        published_key = json.loads(manifest_path.read_text(encoding="utf-8")).get("idempotency_key")
+        published_outputs = json.loads(manifest_path.read_text(encoding="utf-8")).get("outputs")
     except (OSError, ValueError):
-        published_key = None
-    if published_key != idempotency_key:
+        published_outputs = None
+    if published_outputs != outputs:
         raise AlreadyPublished(
             f"release {directory.name!r} is already published with other parameters or data; "
             "published releases are immutable, so give this one a new release_id"
@@ -117,15 +124,17 @@ def _fsync_directory(directory: Path) -> None:
 
 
 def publish(frame: pd.DataFrame, manifest: dict, output_dir: str | Path) -> Publication:
-    """Write data.csv, data.parquet, then manifest.json (with the data files' SHA-256), each atomically."""
+    """Write data.csv, data.parquet, then manifest.json (with the data files' SHA-256), each atomically.
+
+    ``manifest`` is the *public* manifest (``flows.manifest.public_manifest``): it is written as given,
+    plus the output hashes; where the files went is returned, not published.
+    """
     directory = release_directory(output_dir, manifest["release_id"])
-    check_publishable(directory, manifest["idempotency_key"])
-    outputs = {
-        DATA_CSV: write_atomically(directory / DATA_CSV, csv_bytes(frame)),
-        DATA_PARQUET: write_atomically(directory / DATA_PARQUET, parquet_bytes(frame)),
-    }
+    contents = {DATA_CSV: csv_bytes(frame), DATA_PARQUET: parquet_bytes(frame)}
+    check_publishable(directory, {name: hashlib.sha256(content).hexdigest() for name, content in contents.items()})
+    outputs = {name: write_atomically(directory / name, content) for name, content in contents.items()}
     fault_point("before-manifest")
-    complete = {**manifest, "outputs": outputs, "output_dir": str(directory)}
+    complete = {**manifest, "outputs": outputs}
     write_atomically(directory / MANIFEST, manifest_bytes(complete))
     remove_stale_temporaries(directory)
     return Publication(directory=directory, outputs=outputs)
@@ -186,7 +195,13 @@ def assemble_release(
 
 
 @task(name="merge-and-shuffle", cache_policy=NO_CACHE, persist_result=False)
-def merge_and_shuffle(partition, kept: pd.DataFrame, perturbation, suppression, roles: dict) -> pd.DataFrame:
-    """Prefect task: the release table, shuffled, without suppressed records."""
-    released_quasis = partition.released[partition.kept]
+def merge_and_shuffle(partition, kept: pd.DataFrame, class_ids, perturbation, suppression, roles: dict) -> pd.DataFrame:
+    """Prefect task: the release table, shuffled, without suppressed records.
+
+    The k-quasi labels are computed here, after the last suppression stage, from the published
+    records only (``published_labels``), so no label depends on a suppressed record.
+    """
+    released_quasis = published_labels(
+        kept[roles["k_quasi"]], class_ids, ~suppression.removed, partition.hierarchies, partition.levels
+    )
     return assemble_release(released_quasis, kept, perturbation.frame, suppression.removed, perturbation.order, roles)

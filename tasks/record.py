@@ -12,6 +12,7 @@ from pathlib import Path
 from prefect import task
 from prefect.cache_policies import NO_CACHE
 
+from kepsilon.audit.integrity import check_store
 from kepsilon.audit.approvals import ApprovalMissing, require_approval
 from kepsilon.audit.ledger import BudgetExceeded, Reservation, mark_noise_drawn, reserve
 from kepsilon.audit.records import record_release
@@ -37,6 +38,16 @@ def check_approval(spec: ReleaseSpec, operator: str, store: str, manifest: dict)
         record_release(db, {**manifest, "refusal": "approval missing"}, outcome="refused", reservation_id=None)
         raise
     return {"approver": approval["approver"], "approved_at": approval.get("created_at")}
+
+
+@task(name="verify-store", cache_policy=NO_CACHE, persist_result=False)
+def verify_store(store: str) -> None:
+    """Refuse to spend from a store that does not verify (corrupt, tampered or rolled back).
+
+    Runs right before the reservation; nothing is written to a store that failed, since a refusal
+    record would extend a chain that cannot be trusted.
+    """
+    check_store(store)
 
 
 @task(name="reserve-epsilon", cache_policy=NO_CACHE, persist_result=False)

@@ -15,6 +15,15 @@ every surviving class keeps at least k records whose interval holds ≥ k origin
 records). The rules are not iterated after removal (as in the paper), and they read the true
 values, so they are themselves not differentially private (method.md §7).
 
+Scale bases. :func:`suppress_records` applies the rules in ``scale_basis="diameter"`` only. In
+``scale_basis="bounds"`` it removes nothing and says so in its report (``applied: False`` with the
+reason): whether a record is published would depend on the true values (with k = 3, ε = 16 a class
+{170, 170, 170} was published with probability 0.97 and, one height changed to 130, never), which
+breaks "ε-differential privacy for the ε-quasis given the partition". With the step off, what
+bounds mode publishes about the ε-quasis is the perturbation's output alone, so that guarantee holds.
+The functions :func:`confidence_suppress` and :func:`confidence_suppress_columns` implement the rules
+whatever the basis; it is the caller's choice to apply them.
+
 ``ℓ_i`` is computed for all records at once with one sort of the originals by (class, value) and
 ``searchsorted`` calls for the interval ends (see :class:`ClassSortedValues`): O(n log n), nothing
 quadratic per class.
@@ -195,10 +204,39 @@ def confidence_suppress_columns(
     return SuppressionResult(record_rule=record_rule, class_rule=class_rule, removed=removed, report=report)
 
 
+BOUNDS_MODE_REASON = (
+    "not applied in scale_basis=bounds: the rules read the true values, so applying them would break "
+    "ε-differential privacy for the ε-quasis given the partition"
+)
+
+
 def suppress_records(original: pd.DataFrame, noisy: pd.DataFrame, class_ids: np.ndarray, scales: dict, spec):
-    """c-confident suppression over the spec's ε-quasis, with its k and confidence."""
+    """c-confident suppression over the spec's ε-quasis, with its k and confidence.
+
+    ``scale_basis="diameter"``: the record and class rules of :func:`confidence_suppress_columns`,
+    report ``applied: True``. ``scale_basis="bounds"``: removes nothing and reads no value (neither
+    the originals nor the noisy ones), report ``applied: False`` with the reason; see the module
+    docstring for why.
+    """
     columns = [quasi.column for quasi in spec.roles.e_quasi]
-    return confidence_suppress_columns(
+    if spec.scale_basis == "bounds":
+        _check_parameters(spec.k, spec.confidence)
+        n_rows = len(np.asarray(class_ids))
+        nothing = np.zeros(n_rows, dtype=bool)
+        report = {
+            "applied": False,
+            "reason": BOUNDS_MODE_REASON,
+            "k": int(spec.k),
+            "confidence": float(spec.confidence),
+            "records": int(n_rows),
+            "removed_by_record_rule": 0,
+            "removed_by_class_rule": 0,
+            "classes_removed_after_union": 0,
+            "removed": 0,
+            "columns": {},
+        }
+        return SuppressionResult(record_rule=nothing, class_rule=nothing.copy(), removed=nothing.copy(), report=report)
+    result = confidence_suppress_columns(
         {c: original[c].to_numpy(dtype=np.float64) for c in columns},
         {c: noisy[c].to_numpy(dtype=np.float64) for c in columns},
         class_ids,
@@ -206,6 +244,8 @@ def suppress_records(original: pd.DataFrame, noisy: pd.DataFrame, class_ids: np.
         spec.k,
         spec.confidence,
     )
+    result.report = {"applied": True, **result.report}
+    return result
 
 
 # --- Prefect task (thin wrapper; the functions above know nothing of Prefect) -----------------
@@ -213,5 +253,6 @@ def suppress_records(original: pd.DataFrame, noisy: pd.DataFrame, class_ids: np.
 
 @task(name="suppress", cache_policy=NO_CACHE, persist_result=False)
 def suppress_linkable(original: pd.DataFrame, noisy: pd.DataFrame, class_ids: np.ndarray, scales: dict, spec):
-    """Prefect task: c-confident suppression over the spec's ε-quasis."""
+    """Prefect task: c-confident suppression over the spec's ε-quasis (diameter mode only; see
+    :func:`suppress_records`)."""
     return suppress_records(original, noisy, class_ids, scales, spec)

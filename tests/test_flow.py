@@ -4,6 +4,7 @@ Every assertion is made on what a user would see: the published files (k checked
 group count), the manifest, and the audit store.
 """
 
+import hashlib
 import json
 import shutil
 from pathlib import Path
@@ -52,12 +53,16 @@ def test_release_is_published_k_anonymous_and_recorded(store, synthetic_spec_dic
     k_quasis = ["YOB", "GENDER", "RACE", "MARITAL_STATUS"]
     assert data.groupby(k_quasis).size().min() >= 10  # independent group count on the published file
     assert list(data.columns) == ["YOB", "GENDER", "RACE", "RELIGION", "MARITAL_STATUS", "ICD", "HEIGHT"]
-    assert len(data) == manifest["rows_published"] == published_manifest["rows_published"]
+    assert len(data) == manifest["rows_published"] == published_manifest["records"]["published"]
     assert manifest["rows_in"] - sum(manifest["rows_removed"].values()) == len(data)
     assert all(check["success"] for check in published_manifest["checks"])
     assert published_manifest["roles"]["explicit"] == ["ID", "NAME", "SURNAME", "EMAIL", "ZIP", "WEIGHT"]
-    assert len(published_manifest["seed_commitment"]) == 64
-    assert published_manifest["execution"]["flow_run_id"]
+    # Group figures count the published file's groups (classes sharing labels are one group).
+    groups = data.groupby(k_quasis).size()
+    assert published_manifest["groups"] == {"published": len(groups), "smallest": int(groups.min())}
+    # The private record keeps what was left out of the public manifest.
+    assert len(manifest["seed_commitment"]) == 64 and manifest["execution"]["flow_run_id"]
+    assert manifest["public_manifest"] == published_manifest
     # Shuffled: the published order is not the grouped order Mondrian produces.
     assert not data["YOB"].is_monotonic_increasing
 
@@ -212,4 +217,68 @@ def test_each_run_attaches_its_report_artifacts(store, synthetic_spec_dict):
     kinds = {artifact.key: artifact.type for artifact in artifacts}
     assert kinds == {"release-artifact-check": "markdown", "release-artifact-check-summary": "table"}
     markdown = next(a.data for a in artifacts if a.type == "markdown")
-    assert "not** ε-differentially private" in markdown and "k_anonymous_groups" in markdown
+    assert "not ε-differentially private" in markdown and "k_anonymous_groups" in markdown
+
+
+def test_the_public_manifest_holds_only_public_fields(store, synthetic_spec_dict):
+    """Nothing computed from private values leaves with the release unless the spec opts it in."""
+    from kepsilon.flows.manifest import check_public_fields
+
+    record = governed_release(parse_spec(synthetic_spec_dict))
+    directory = Path(synthetic_spec_dict["output_dir"]) / "test-release"
+    public = json.loads((directory / "manifest.json").read_text())
+    check_public_fields(public)  # raises on any field not on the public list
+    published_bytes = b"".join((directory / name).read_bytes() for name in ["manifest.json", "data.csv"])
+    source_sha256 = hashlib.sha256(Path(synthetic_spec_dict["source"]["path"]).read_bytes()).hexdigest()
+    private_strings = [
+        source_sha256,  # an offline oracle for a guessed record
+        record["idempotency_key"],  # built on the source hash
+        record["spec_hash"],
+        record["seed_commitment"],
+        record["execution"]["operator"],
+        record["execution"]["flow_run_id"],
+        str(Path(synthetic_spec_dict["output_dir"]).resolve()),
+        synthetic_spec_dict["source"]["path"],
+    ]
+    for private in private_strings:
+        assert private.encode() not in published_bytes
+    for private_figure in ["predicted_relative_error", "measured", "linking_risk", "mean_scale", "clamped", "zero_"]:
+        assert private_figure not in json.dumps(public)
+    assert "unprotected_statistics" not in public
+
+
+def test_a_statistic_opted_in_is_published_as_unprotected(store, synthetic_spec_dict):
+    record = governed_release(parse_spec({**synthetic_spec_dict, "publish_statistics": ["linking_risk"]}))
+    _, _ = released(synthetic_spec_dict)
+    public = json.loads((Path(synthetic_spec_dict["output_dir"]) / "test-release" / "manifest.json").read_text())
+    assert public["unprotected_statistics"] == {"linking_risk": record["linking_risk"]}
+
+
+def neighbour_source(source: Path, destination: Path, height: str) -> Path:
+    """The source with its first person's HEIGHT replaced: the neighbouring data set of the DP definition."""
+    lines = source.read_text().splitlines(keepends=True)
+    column = lines[0].rstrip("\n").split(";").index("HEIGHT")
+    cells = lines[1].rstrip("\n").split(";")
+    cells[column] = height
+    lines[1] = ";".join(cells) + "\n"
+    destination.write_text("".join(lines))
+    return destination
+
+
+def test_neighbouring_sources_differ_in_nothing_published_but_the_noisy_data(store, synthetic_spec_dict, tmp_path):
+    """The manifest attack (a statistic plus everyone else's heights gives back a target's height) and the
+    hash-guess attack (hash candidate files until the published source hash matches) both need a public field
+    that moves with the target's value. In bounds mode no field but the data file's hash does."""
+    source = Path(synthetic_spec_dict["source"]["path"])
+    published = []
+    for number, height in enumerate(["167.69", "203.00"]):
+        spec = {
+            **synthetic_spec_dict,
+            "release_id": f"neighbour-{number}",
+            "scale_basis": "bounds",
+            "source": {**synthetic_spec_dict["source"], "path": str(neighbour_source(source, tmp_path / f"people-{number}.csv", height))},
+        }
+        governed_release(parse_spec(spec))
+        manifest = json.loads((Path(spec["output_dir"]) / spec["release_id"] / "manifest.json").read_text())
+        published.append({field: value for field, value in manifest.items() if field not in {"release_id", "outputs"}})
+    assert published[0] == published[1]

@@ -14,6 +14,7 @@ from kepsilon.tasks.metrics import measured_relative_error, predicted_relative_e
 from kepsilon.tasks.perturb import (
     SEED_BYTES,
     grid_exponents,
+    public_grid,
     new_seed,
     perturb,
     release_generators,
@@ -24,6 +25,9 @@ PEOPLE = Path(__file__).resolve().parents[1] / "data" / "paper-synthetic" / "peo
 
 def quasi(column, lower=None, upper=None):
     return SimpleNamespace(column=column, lower=lower, upper=upper)
+
+
+HEIGHT = quasi("HEIGHT", 130.0, 210.0)
 
 
 def noise_rng(byte: int = 7) -> np.random.Generator:
@@ -51,7 +55,7 @@ def test_measured_error_converges_to_predicted_over_30_seeds(people, epsilon):
     measured = []
     for seed in range(30):
         rng = noise_rng(seed)
-        noisy = perturb(frame, class_ids, [quasi("HEIGHT")], {"HEIGHT": epsilon}, "diameter", rng).frame
+        noisy = perturb(frame, class_ids, [HEIGHT], {"HEIGHT": epsilon}, "diameter", rng).frame
         measured.append(measured_relative_error(frame["HEIGHT"], noisy["HEIGHT"]))
     # Grid rounding moves each value by < b/512, far below this tolerance.
     assert np.mean(measured) == pytest.approx(predicted, rel=0.02)
@@ -73,7 +77,7 @@ def test_measured_error_converges_to_predicted_on_mondrian_classes(people):
     measured = [
         measured_relative_error(
             kept["HEIGHT"],
-            perturb(kept, class_ids, [quasi("HEIGHT")], {"HEIGHT": 1.0}, "diameter", noise_rng(seed)).frame["HEIGHT"],
+            perturb(kept, class_ids, [HEIGHT], {"HEIGHT": 1.0}, "diameter", noise_rng(seed)).frame["HEIGHT"],
         )
         for seed in range(30)
     ]
@@ -84,7 +88,7 @@ def test_measured_error_converges_to_predicted_on_mondrian_classes(people):
 def test_noise_is_laplace_with_scale_diameter_over_epsilon(diameter):
     frame = one_class(6000, 100.0, diameter)
     epsilon = 0.5
-    result = perturb(frame, np.zeros(len(frame), dtype=np.int64), [quasi("X")], {"X": epsilon}, "diameter", noise_rng(1))
+    result = perturb(frame, np.zeros(len(frame), dtype=np.int64), [quasi("X", 100.0, 100.0 + diameter)], {"X": epsilon}, "diameter", noise_rng(1))
     b = diameter / epsilon
     assert np.allclose(result.scales["X"], b)
     noise = result.frame["X"].to_numpy() - frame["X"].to_numpy()
@@ -93,20 +97,22 @@ def test_noise_is_laplace_with_scale_diameter_over_epsilon(diameter):
 
 def test_ks_rejects_a_wrong_scale():
     frame = one_class(20000, 10.0, 2.0)
-    result = perturb(frame, np.zeros(len(frame), dtype=np.int64), [quasi("X")], {"X": 1.0}, "diameter", noise_rng(2))
+    result = perturb(frame, np.zeros(len(frame), dtype=np.int64), [quasi("X", 10.0, 12.0)], {"X": 1.0}, "diameter", noise_rng(2))
     noise = result.frame["X"].to_numpy() - frame["X"].to_numpy()
     assert stats.kstest(noise, stats.laplace(scale=2.0).cdf).pvalue > 0.01
     assert stats.kstest(noise, stats.laplace(scale=2.5).cdf).pvalue < 1e-6
 
 
-def test_every_noisy_value_lies_on_its_power_of_two_grid(people):
+def test_every_noisy_value_lies_on_the_public_grid(people):
     frame, class_ids = people
-    result = perturb(frame, class_ids, [quasi("HEIGHT")], {"HEIGHT": 2.0}, "diameter", noise_rng(3))
+    result = perturb(frame, class_ids, [HEIGHT], {"HEIGHT": 2.0}, "diameter", noise_rng(3))
+    grid = public_grid(130.0, 210.0, 2.0)
+    assert grid == 2.0 ** (math.ceil(math.log2(80.0 / 2.0)) - 10) == 2.0**-4
+    assert result.report["columns"]["HEIGHT"]["grid"] == grid
     b = result.scales["HEIGHT"]
-    noised = b > 0
-    grid = 2.0 ** (np.ceil(np.log2(b[noised])) - 10)
-    assert ((grid >= b[noised] / 1024) & (grid < b[noised] / 512)).all()
-    steps = result.frame["HEIGHT"].to_numpy()[noised] / grid
+    assert (b <= 80.0 / 2.0).all() and (b > 0).any()
+    noisy = result.frame["HEIGHT"].to_numpy()[b > 0]
+    steps = noisy / grid
     assert np.array_equal(steps, np.round(steps))
 
 
@@ -130,20 +136,21 @@ def test_bounds_mode_clamps_inputs_and_outputs_and_uses_public_scale():
     assert np.array_equal(noisy / grid, np.round(noisy / grid))
 
 
-def test_bounds_mode_refuses_missing_or_inverted_bounds():
+def test_both_modes_refuse_missing_or_inverted_bounds():
     frame = pd.DataFrame({"X": [1.0, 2.0, 3.0]})
     ids = np.zeros(3, dtype=np.int64)
-    for bad in (quasi("X"), quasi("X", 5.0, 1.0), quasi("X", 0.0, math.inf)):
-        with pytest.raises(SpecError, match="'X'") as caught:
-            perturb(frame, ids, [bad], {"X": 1.0}, "bounds", noise_rng())
-        assert "X" in caught.value.parameter
+    for basis in ("bounds", "diameter"):
+        for bad in (quasi("X"), quasi("X", 5.0, 1.0), quasi("X", 0.0, math.inf)):
+            with pytest.raises(SpecError, match="'X'") as caught:
+                perturb(frame, ids, [bad], {"X": 1.0}, basis, noise_rng())
+            assert "X" in caught.value.parameter
 
 
 def test_zero_diameter_classes_are_released_unchanged():
     values = np.array([170.25, 170.25, 170.25, 160.0, 180.0, 181.0, 155.5, 155.5])
     frame = pd.DataFrame({"X": values})
     class_ids = np.array([3, 3, 3, 8, 8, 8, 11, 11])
-    result = perturb(frame, class_ids, [quasi("X")], {"X": 1.0}, "diameter", noise_rng(5))
+    result = perturb(frame, class_ids, [quasi("X", 150.0, 200.0)], {"X": 1.0}, "diameter", noise_rng(5))
     noisy = result.frame["X"].to_numpy()
     assert np.array_equal(noisy[[0, 1, 2, 6, 7]], values[[0, 1, 2, 6, 7]])
     assert np.all(result.scales["X"][[0, 1, 2, 6, 7]] == 0)
@@ -159,7 +166,7 @@ def test_same_seed_same_release_different_seed_different(people):
 
     def release(seed_bytes):
         rng = release_generators(seed_bytes)[0]
-        return perturb(frame, class_ids, [quasi("HEIGHT")], {"HEIGHT": 1.0}, "diameter", rng).frame
+        return perturb(frame, class_ids, [HEIGHT], {"HEIGHT": 1.0}, "diameter", rng).frame
 
     first, again = release(seed), release(seed)
     assert first["HEIGHT"].to_numpy().tobytes() == again["HEIGHT"].to_numpy().tobytes()
@@ -190,7 +197,7 @@ def test_epsilon_is_split_across_the_record_quasis():
     frame = pd.DataFrame({"H": [150.0, 190.0, 170.0, 160.0], "W": [50.0, 90.0, 70.0, 60.0], "other": list("abcd")})
     class_ids = np.array([1, 1, 2, 2])
     split = {"H": 0.25, "W": 0.75}
-    result = perturb(frame, class_ids, [quasi("H"), quasi("W")], split, "diameter", noise_rng(6))
+    result = perturb(frame, class_ids, [quasi("H", 100.0, 200.0), quasi("W", 0.0, 100.0)], split, "diameter", noise_rng(6))
     assert result.scales["H"].tolist() == [160.0, 160.0, 40.0, 40.0]
     assert result.scales["W"].tolist() == pytest.approx([40 / 0.75, 40 / 0.75, 10 / 0.75, 10 / 0.75])
     assert result.report["epsilon_split"] == split
@@ -205,7 +212,7 @@ def test_report_is_json_and_repr_holds_no_data():
     import json
 
     frame = pd.DataFrame({"X": [171.123456, 199.654321]})
-    result = perturb(frame, np.array([0, 0]), [quasi("X")], {"X": 1.0}, "diameter", noise_rng())
+    result = perturb(frame, np.array([0, 0]), [quasi("X", 100.0, 250.0)], {"X": 1.0}, "diameter", noise_rng())
     text = json.dumps(result.report) + repr(result)
     assert "171.12" not in text and "199.65" not in text
 
@@ -217,7 +224,7 @@ def test_report_is_json_and_repr_holds_no_data():
 def test_bad_values_in_an_epsilon_quasi_name_the_column_not_the_value(bad_value, dtype):
     frame = pd.DataFrame({"HEIGHT": pd.Series([171.5, 180.25, bad_value], dtype=dtype)})
     with pytest.raises(InputError) as caught:
-        perturb(frame, np.array([0, 0, 0]), [quasi("HEIGHT")], {"HEIGHT": 1.0}, "diameter", noise_rng())
+        perturb(frame, np.array([0, 0, 0]), [HEIGHT], {"HEIGHT": 1.0}, "diameter", noise_rng())
     assert caught.value.column == "HEIGHT"
     assert "171.5" not in str(caught.value) and "180.25" not in str(caught.value)
 
@@ -225,7 +232,7 @@ def test_bad_values_in_an_epsilon_quasi_name_the_column_not_the_value(bad_value,
 def test_missing_epsilon_quasi_column_is_named():
     frame = pd.DataFrame({"HEIGHT": [1.0, 2.0]})
     with pytest.raises(InputError, match="'WEIGHT'") as caught:
-        perturb(frame, np.array([0, 0]), [quasi("WEIGHT")], {"WEIGHT": 1.0}, "diameter", noise_rng())
+        perturb(frame, np.array([0, 0]), [quasi("WEIGHT", 0.0, 300.0)], {"WEIGHT": 1.0}, "diameter", noise_rng())
     assert caught.value.column == "WEIGHT"
 
 
@@ -233,24 +240,86 @@ def test_missing_epsilon_quasi_column_is_named():
 def test_bad_epsilon_is_refused(epsilon):
     frame = pd.DataFrame({"HEIGHT": [1.0, 2.0]})
     with pytest.raises(SpecError, match="'HEIGHT'") as caught:
-        perturb(frame, np.array([0, 0]), [quasi("HEIGHT")], {"HEIGHT": epsilon}, "diameter", noise_rng())
+        perturb(frame, np.array([0, 0]), [HEIGHT], {"HEIGHT": epsilon}, "diameter", noise_rng())
     assert caught.value.parameter == "epsilon"
 
 
 def test_bad_scale_basis_and_class_ids_are_refused():
     frame = pd.DataFrame({"X": [1.0, 2.0]})
     with pytest.raises(SpecError) as caught:
-        perturb(frame, np.array([0, 0]), [quasi("X")], {"X": 1.0}, "public", noise_rng())
+        perturb(frame, np.array([0, 0]), [quasi("X", 0.0, 10.0)], {"X": 1.0}, "public", noise_rng())
     assert caught.value.parameter == "scale_basis"
     for ids in (np.array([0, -1]), np.array([0]), np.array([0.0, 1.0])):
         with pytest.raises(SpecError) as caught:
-            perturb(frame, ids, [quasi("X")], {"X": 1.0}, "diameter", noise_rng())
+            perturb(frame, ids, [quasi("X", 0.0, 10.0)], {"X": 1.0}, "diameter", noise_rng())
         assert caught.value.parameter == "class_ids"
 
 
 def test_noise_finer_than_float_precision_is_refused():
-    # Values near 1e12 have a float spacing of 2^-13; a diameter of 1e-3 gives a grid of ~2^-20.
+    # Values near 1e12 have a float spacing of 2^-13; bounds 2 wide at ε = 1 give a grid of 2^-9.
     frame = pd.DataFrame({"X": [1e12, 1e12 + 0.001]})
     with pytest.raises(SpecError, match="'X'") as caught:
-        perturb(frame, np.array([0, 0]), [quasi("X")], {"X": 1.0}, "diameter", noise_rng())
+        perturb(frame, np.array([0, 0]), [quasi("X", 1e12 - 1, 1e12 + 1)], {"X": 1.0}, "diameter", noise_rng())
     assert caught.value.parameter == "epsilon"
+
+
+# --- The public grid (issue 9, item 4) ------------------------------------------------------------
+
+
+def two_adic_valuation_of_gcd(values: np.ndarray) -> int:
+    """log2 of the greatest power of two dividing every value (values are dyadic rationals)."""
+    exponents = []
+    for value in values:
+        mantissa, exponent = math.frexp(float(value))
+        integer = int(mantissa * 2**53)  # exact: a double's mantissa has 53 bits
+        trailing = (integer & -integer).bit_length() - 1
+        exponents.append(exponent - 53 + trailing)
+    return min(exponents)
+
+
+def test_public_grid_is_exact_and_refuses_bad_input():
+    assert public_grid(130.0, 210.0, 1.0) == 2.0**-3  # 80 → ceil(log2) = 7
+    assert public_grid(0.0, 1024.0, 1.0) == 1.0  # a power of two is not rounded up
+    assert public_grid(0.0, np.nextafter(1024.0, 2048.0), 1.0) == 2.0
+    assert public_grid(130.0, 210.0, 16.0) == 2.0**-7
+    for args, parameter in (((1.0, 1.0, 1.0), "bounds"), ((0.0, math.inf, 1.0), "bounds"), ((0.0, 1.0, 0.0), "epsilon")):
+        with pytest.raises(SpecError) as caught:
+            public_grid(*args)
+        assert caught.value.parameter == parameter
+
+
+@pytest.mark.parametrize("basis", ["diameter", "bounds"])
+def test_tables_of_very_different_diameters_share_the_public_grid(basis):
+    grid = public_grid(130.0, 210.0, 1.0)
+    narrow = pd.DataFrame({"HEIGHT": 170.0 + np.linspace(0.0, 1.0, 300)})  # diameter 1
+    wide = pd.DataFrame({"HEIGHT": 140.0 + np.linspace(0.0, 60.0, 300)})  # diameter 60
+    ids = np.zeros(300, dtype=np.int64)
+    valuations = []
+    for table in (narrow, wide):
+        result = perturb(table, ids, [HEIGHT], {"HEIGHT": 1.0}, basis, noise_rng(9))
+        published = result.frame["HEIGHT"].to_numpy()
+        assert result.report["columns"]["HEIGHT"]["grid"] == grid
+        assert np.array_equal(published / grid, np.round(published / grid))
+        valuations.append(two_adic_valuation_of_gcd(published))
+    # The grid read off the published values is the public one whatever the diameter: before, it was
+    # 2^-10 for the class of diameter 1 and 2^-4 for the class of diameter 60.
+    assert valuations == [-3, -3]
+
+
+def test_report_keeps_private_figures_but_no_grid_exponents():
+    frame = pd.DataFrame({"X": [120.0, 150.0, 150.0, 150.0, 90.0, 250.0]})
+    ids = np.array([0, 0, 1, 1, 2, 2])
+    result = perturb(frame, ids, [quasi("X", 100.0, 200.0)], {"X": 1.0}, "diameter", noise_rng(8))
+    column = result.report["columns"]["X"]
+    assert not any("exponent" in name for name in column)
+    assert column["grid"] == public_grid(100.0, 200.0, 1.0)
+    assert column["zero_diameter_classes"] == 1 and column["clamped_inputs"] == 2
+    assert "mean_scale" in column
+
+
+def test_diameter_mode_clamps_inputs_before_the_diameter():
+    # 90 and 250 are clamped to 100 and 200 first: the class diameter is 100, not 160.
+    frame = pd.DataFrame({"X": [90.0, 250.0, 150.0, 150.0]})
+    result = perturb(frame, np.array([0, 0, 1, 1]), [quasi("X", 100.0, 200.0)], {"X": 2.0}, "diameter", noise_rng(10))
+    assert result.scales["X"].tolist() == [50.0, 50.0, 0.0, 0.0]
+    assert result.frame["X"].tolist()[2:] == [150.0, 150.0]  # zero diameter: published exactly

@@ -52,23 +52,42 @@ def test_bounds_must_be_ordered(synthetic_spec_dict):
         parse_spec(synthetic_spec_dict)
 
 
-def test_bounds_basis_needs_bounds(synthetic_spec_dict):
+@pytest.mark.parametrize("scale_basis", ["diameter", "bounds"])
+def test_every_e_quasi_needs_public_bounds(synthetic_spec_dict, scale_basis):
+    # The bounds set the plausibility range and the public snapping grid in both bases.
     synthetic_spec_dict["roles"]["e_quasi"] = [{"column": "HEIGHT"}]
-    synthetic_spec_dict["scale_basis"] = "bounds"
-    with pytest.raises(SpecError, match="HEIGHT"):
+    synthetic_spec_dict["scale_basis"] = scale_basis
+    with pytest.raises(SpecError, match="HEIGHT.*needs public lower and upper bounds"):
         parse_spec(synthetic_spec_dict)
+
+
+def test_a_k_quasi_without_hierarchy_is_refused_by_name(synthetic_spec_dict):
+    synthetic_spec_dict["roles"]["k_quasi"][0] = {"column": "YOB"}
+    with pytest.raises(SpecError, match="k-quasi 'YOB' needs a hierarchy"):
+        parse_spec(synthetic_spec_dict)
+
+
+def test_a_k_quasi_may_use_a_hierarchy_builder(synthetic_spec_dict):
+    synthetic_spec_dict["roles"]["k_quasi"][0] = {
+        "column": "YOB",
+        "hierarchy": {"kind": "intervals", "lower": 1900, "upper": 2030, "widths": [5, 10, 50]},
+    }
+    spec = parse_spec(synthetic_spec_dict)
+    assert spec.roles.k_quasi[0].hierarchy.widths == [5, 10, 50]
 
 
 def test_epsilon_split_follows_shares(synthetic_spec_dict):
     synthetic_spec_dict["roles"]["explicit"].remove("WEIGHT")
-    synthetic_spec_dict["roles"]["e_quasi"].append({"column": "WEIGHT", "epsilon_share": 3})
+    synthetic_spec_dict["roles"]["e_quasi"].append({"column": "WEIGHT", "lower": 30, "upper": 200, "epsilon_share": 3})
     spec = parse_spec(synthetic_spec_dict)
     assert spec.epsilon_split() == pytest.approx({"HEIGHT": 0.25, "WEIGHT": 0.75})
 
 
-def test_spec_hash_ignores_operator_but_not_k(synthetic_spec_dict):
+def test_spec_hash_ignores_operator_and_output_dir_but_not_k(synthetic_spec_dict):
     base = parse_spec(synthetic_spec_dict)
     assert parse_spec({**synthetic_spec_dict, "operator": "someone"}).spec_hash() == base.spec_hash()
+    # Where files are written does not change the released data: a corrected folder is the same release.
+    assert parse_spec({**synthetic_spec_dict, "output_dir": "elsewhere"}).spec_hash() == base.spec_hash()
     assert parse_spec({**synthetic_spec_dict, "k": 11}).spec_hash() != base.spec_hash()
 
 
