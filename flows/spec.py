@@ -10,10 +10,11 @@ import json
 import math
 from enum import Enum
 from pathlib import Path
-from typing import Literal
+from typing import Annotated, Literal
 
 import yaml
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
+from pydantic.json_schema import SkipJsonSchema
 
 from kepsilon.tasks.errors import SpecError
 from kepsilon.tasks.hierarchy_builders import HierarchyBuilder
@@ -32,10 +33,10 @@ class SourceSpec(BaseModel):
     model_config = _STRICT
 
     path: str = Field(description="CSV or Parquet file, relative to the spec file or absolute")
-    format: SourceFormat | None = Field(default=None, description="csv or parquet; inferred from the suffix if empty")
+    format: SourceFormat | SkipJsonSchema[None] = Field(default=None, description="csv or parquet; inferred from the suffix if empty")
     delimiter: str = Field(default=",", min_length=1, max_length=1, description="CSV field separator")
     header: bool = Field(default=True, description="whether the CSV's first line names the columns")
-    columns: list[str] | None = Field(default=None, description="column names, for a CSV without a header")
+    columns: list[str] | SkipJsonSchema[None] = Field(default=None, description="column names, for a CSV without a header")
 
     @model_validator(mode="after")
     def _columns_when_headerless(self):
@@ -60,7 +61,7 @@ class KQuasi(BaseModel):
     model_config = _STRICT
 
     column: str
-    hierarchy: str | HierarchyBuilder | None = Field(
+    hierarchy: str | HierarchyBuilder | SkipJsonSchema[None] = Field(
         default=None,
         description=(
             "hierarchy CSV file (leaf;level1;…;*), or a public builder: "
@@ -75,13 +76,13 @@ class EQuasi(BaseModel):
     model_config = _STRICT
 
     column: str
-    lower: float | None = Field(default=None, description="public lower bound of the column's plausible values")
-    upper: float | None = Field(default=None, description="public upper bound of the column's plausible values")
+    lower: float | SkipJsonSchema[None] = Field(default=None, description="public lower bound of the column's plausible values")
+    upper: float | SkipJsonSchema[None] = Field(default=None, description="public upper bound of the column's plausible values")
     out_of_bounds: Literal["refuse", "clamp"] = Field(
         default="refuse", description="a value outside the bounds refuses the release, or is clamped to them"
     )
-    epsilon_share: float | None = Field(
-        default=None, gt=0, description="relative share of the record's ε; equal shares if empty"
+    epsilon_share: Annotated[float, Field(gt=0)] | SkipJsonSchema[None] = Field(
+        default=None, description="relative share of the record's ε; equal shares if empty"
     )
 
     @model_validator(mode="after")
@@ -167,7 +168,7 @@ class ReleaseSpec(BaseModel):
             "they are not protected by the method (an adversary who knows the other records can solve them)"
         ),
     )
-    operator: str | None = Field(default=None, description="who runs the release; defaults to the OS user")
+    operator: str | SkipJsonSchema[None] = Field(default=None, description="who runs the release; defaults to the OS user")
     approval_required: bool = Field(
         default=False, description="two-person rule: refuse the release without an approval by someone other than the operator"
     )
