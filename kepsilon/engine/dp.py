@@ -1,0 +1,109 @@
+"""The (ε,δ) accountant of safe k-anonymisation after random sampling (Li, Qardaji and Su 2012).
+
+Their theorem: sampling each record with probability β, then any *strongly safe* k-anonymisation (the
+generalisation chosen without looking at the data, every group smaller than k suppressed) satisfies
+(ε,δ)-differential privacy for every ε ≥ −ln(1 − β), with
+
+    γ = (e^ε − 1 + β) / e^ε
+    δ = d(k, β, ε) = max over n ≥ ⌈k/γ − 1⌉ of  Σ_{j > γn} f(j; n, β),
+
+f(j; n, β) being the binomial probability of j successes in n trials. This module computes d exactly
+(to double precision) and the inverses a steward needs. It imports only numpy and scipy, so a notebook,
+a test or a worker can use it alone.
+"""
+
+import math
+
+import numpy as np
+from scipy.stats import binom
+
+_CHUNK = 4096  # population sizes evaluated per vectorised step of the search over n
+_LOG_SMALLEST_DOUBLE = math.log(5e-324)
+
+
+def _check_parameters(k: int, beta: float, epsilon: float) -> None:
+    """Refuse parameters outside the theorem, naming the parameter (never a data value)."""
+    if isinstance(k, bool) or not isinstance(k, (int, np.integer)) or k < 1:
+        raise ValueError("k must be an integer of at least 1")
+    if not (isinstance(beta, (int, float)) and math.isfinite(beta) and 0 < beta < 1):
+        raise ValueError("beta must be a sampling probability strictly between 0 and 1")
+    if not (isinstance(epsilon, (int, float)) and math.isfinite(epsilon) and epsilon > 0):
+        raise ValueError("epsilon must be a finite number above 0")
+    if epsilon < minimum_epsilon(beta):
+        raise ValueError("epsilon must be at least -ln(1 - beta) for the theorem to hold at this beta")
+
+
+def minimum_epsilon(beta: float) -> float:
+    """The smallest ε the theorem admits at sampling rate β: −ln(1 − β)."""
+    return -math.log1p(-beta)
+
+
+def sampling_rate_for(epsilon: float) -> float:
+    """The largest sampling rate the theorem admits at ε, β = 1 − e^(−ε) (SafePub's choice).
+
+    Sampling more records keeps more of the data; this is the most the guarantee allows.
+    """
+    if not (math.isfinite(epsilon) and epsilon > 0):
+        raise ValueError("epsilon must be a finite number above 0")
+    return -math.expm1(-epsilon)
+
+
+def gamma(beta: float, epsilon: float) -> float:
+    """γ = (e^ε − 1 + β)/e^ε, written as 1 − (1 − β)e^(−ε) so that small ε loses no digits."""
+    return 1.0 - (1.0 - beta) * math.exp(-epsilon)
+
+
+def _tails(n: np.ndarray, beta: float, g: float) -> np.ndarray:
+    """P(X > γn) for X ~ Binomial(n, β), for each n: the upper tail past floor(γn)."""
+    return binom.sf(np.floor(g * n), n, beta)
+
+
+def _kl_bernoulli(p: float, q: float) -> float:
+    """Kullback–Leibler divergence between Bernoulli(p) and Bernoulli(q), p and q in (0, 1)."""
+    return p * math.log(p / q) + (1 - p) * math.log((1 - p) / (1 - q))
+
+
+def safe_k_delta(k: int, beta: float, epsilon: float) -> float:
+    """δ of safe k-anonymisation after sampling at rate β, at ε (Li, Qardaji and Su's d(k, β, ε)).
+
+    The maximum runs over every n ≥ ⌈k/γ − 1⌉. It is found exactly: tails are evaluated in vectorised
+    chunks of n, and the search stops once the Chernoff bound e^(−n·KL(γ‖β)), which bounds every
+    later tail (γ > β always), falls below the largest tail found. scipy's binomial survival function
+    keeps relative precision far below 1e-30, so small δ do not underflow to 0.
+    """
+    _check_parameters(k, beta, epsilon)
+    g = gamma(beta, epsilon)
+    first = max(1, math.ceil(k / g - 1))
+    divergence = _kl_bernoulli(g, beta)
+    largest = 0.0
+    start = first
+    while True:
+        n = np.arange(start, start + _CHUNK, dtype=np.float64)
+        largest = max(largest, float(_tails(n, beta, g).max()))
+        start += _CHUNK
+        # Every n ≥ start has a tail of at most exp(−start·KL): once that is below the maximum, stop.
+        log_bound = -start * divergence
+        if largest > 0 and log_bound <= math.log(largest):
+            return largest
+        if largest == 0 and log_bound < _LOG_SMALLEST_DOUBLE:
+            return 0.0
+
+
+def smallest_k(delta: float, beta: float, epsilon: float, k_max: int = 1_000_000) -> int:
+    """The smallest k whose δ at (β, ε) is at most ``delta``.
+
+    d(k, β, ε) does not increase with k (a larger k maximises over fewer n), so a binary search finds it.
+    """
+    if not (math.isfinite(delta) and 0 < delta < 1):
+        raise ValueError("delta must be strictly between 0 and 1")
+    _check_parameters(1, beta, epsilon)
+    if safe_k_delta(k_max, beta, epsilon) > delta:
+        raise ValueError(f"no k up to k_max={k_max} reaches this delta at this beta and epsilon")
+    low, high = 1, k_max
+    while low < high:
+        middle = (low + high) // 2
+        if safe_k_delta(middle, beta, epsilon) <= delta:
+            high = middle
+        else:
+            low = middle + 1
+    return low
