@@ -8,8 +8,10 @@ generalisation chosen without looking at the data, every group smaller than k su
     δ = d(k, β, ε) = max over n ≥ ⌈k/γ − 1⌉ of  Σ_{j > γn} f(j; n, β),
 
 f(j; n, β) being the binomial probability of j successes in n trials. This module computes d exactly
-(to double precision) and the inverses a steward needs. It imports only numpy and scipy, so a notebook,
-a test or a worker can use it alone.
+(to double precision) and the inverses a steward needs, and holds the mechanism's building blocks:
+Bernoulli sampling, safe k-anonymisation of generalised keys, and the exponential mechanism with a
+score of bounded sensitivity for a differentially private choice of the generalisation (SafePub's
+idea). It imports only numpy and scipy, so a notebook, a test or a worker can use it alone.
 """
 
 import math
@@ -107,3 +109,65 @@ def smallest_k(delta: float, beta: float, epsilon: float, k_max: int = 1_000_000
         else:
             low = middle + 1
     return low
+
+
+# --- the mechanism's building blocks -------------------------------------------------------------
+
+
+def bernoulli_sample(n: int, beta: float, rng: np.random.Generator) -> np.ndarray:
+    """Keep each of ``n`` records independently with probability β: the sampling step of the theorem."""
+    if isinstance(n, bool) or not isinstance(n, (int, np.integer)) or n < 0:
+        raise ValueError("n must be a non-negative integer")
+    if not (math.isfinite(beta) and 0 < beta < 1):
+        raise ValueError("beta must be a sampling probability strictly between 0 and 1")
+    return rng.random(n) < beta
+
+
+def safe_k_anonymise(keys: np.ndarray, k: int) -> np.ndarray:
+    """Which records survive safe k-anonymisation: those whose generalised key is shared by ≥ k records.
+
+    ``keys`` holds one row per record (or one integer code per record) of *every* released column at
+    its generalisation level, chosen without looking at the data. Groups smaller than k are suppressed
+    whole; there is no suppression budget, because a budget would make the output depend on the data
+    in a way the theorem does not cover.
+    """
+    if isinstance(k, bool) or not isinstance(k, (int, np.integer)) or k < 1:
+        raise ValueError("k must be an integer of at least 1")
+    keys = np.asarray(keys)
+    if keys.shape[0] == 0:
+        return np.zeros(0, dtype=bool)
+    _, inverse, counts = np.unique(keys, axis=0, return_inverse=True, return_counts=True)
+    return counts[inverse.reshape(-1)] >= k
+
+
+def granularity_score(group_sizes: np.ndarray, k: int, loss: float) -> float:
+    """A node's utility for the exponential mechanism: (1 − loss) × the number of records it keeps.
+
+    ``loss`` is the node's precision loss in [0, 1], a function of the node alone (full-domain
+    generalisation), so only the kept count depends on the data. Adding or removing one record changes
+    the kept count by at most k (a group of k − 1 reaching k keeps k more records), so the score's
+    sensitivity is k · (1 − loss) ≤ k: use ``sensitivity=k``.
+    """
+    if not 0 <= loss <= 1:
+        raise ValueError("loss must lie in [0, 1]")
+    sizes = np.asarray(group_sizes)
+    return float((1.0 - loss) * sizes[sizes >= k].sum())
+
+
+def exponential_mechanism_probabilities(scores: np.ndarray, epsilon: float, sensitivity: float) -> np.ndarray:
+    """Selection probabilities ∝ exp(ε · score / (2 · sensitivity)) (McSherry and Talwar 2007): ε-DP."""
+    if not (math.isfinite(epsilon) and epsilon > 0):
+        raise ValueError("epsilon must be a finite number above 0")
+    if not (math.isfinite(sensitivity) and sensitivity > 0):
+        raise ValueError("sensitivity must be a finite number above 0")
+    scores = np.asarray(scores, dtype=np.float64)
+    if scores.size == 0 or not np.isfinite(scores).all():
+        raise ValueError("scores must be a non-empty array of finite numbers")
+    weights = np.exp(epsilon * (scores - scores.max()) / (2.0 * sensitivity))  # shifted: no overflow
+    return weights / weights.sum()
+
+
+def exponential_mechanism(scores: np.ndarray, epsilon: float, sensitivity: float, rng: np.random.Generator) -> int:
+    """The index of one candidate, drawn with the exponential mechanism's probabilities."""
+    probabilities = exponential_mechanism_probabilities(scores, epsilon, sensitivity)
+    return int(rng.choice(probabilities.size, p=probabilities))
