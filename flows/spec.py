@@ -151,8 +151,12 @@ class ReleaseSpec(BaseModel):
     k: int = Field(ge=2, description="minimum equivalence-class size")
     epsilon: float = Field(gt=0, description="ε per record, split across the ε-quasis")
     algorithm: Literal["mondrian", "ola"] = "mondrian"
-    ola_metric: Literal["precision", "loss", "discernibility"] = Field(
-        default="precision", description="information-loss metric OLA minimises"
+    ola_metric: Literal["precision", "loss", "discernibility", "dm_star"] = Field(
+        default="precision",
+        description=(
+            "information-loss metric OLA minimises; dm_star: Σ|ec|² over every class, suppressed ones "
+            "included (the method's authors' criterion)"
+        ),
     )
     scale_basis: Literal["diameter", "bounds"] = Field(
         default="diameter",

@@ -52,7 +52,7 @@ from .hierarchy import Hierarchy
 if TYPE_CHECKING:  # imported lazily at run time: k_anonymise also carries Prefect task wrappers
     from .k_anonymise import Partition
 
-METRICS = ("precision", "loss", "discernibility")
+METRICS = ("precision", "loss", "discernibility", "dm_star")
 
 # Above this many distinct combined keys per grouped row a dense bincount wastes memory; sort instead.
 _DENSE_KEYS_PER_ROW = 4
@@ -91,6 +91,10 @@ def ola(
       leaves under the released label and ``leaves_c`` all leaves of the hierarchy (0 if it has a
       single leaf). A suppressed record costs 1 in every column.
     * ``"discernibility"`` (Bayardo & Agrawal 2005): ``sum over kept classes |ec|^2 + n * suppressed``.
+    * ``"dm_star"`` (DM*, the criterion the method's authors chose their nodes by): ``sum over all
+      classes |ec|^2``, the classes suppressed for being smaller than k included at their own size.
+      Merging classes only raises it, so it never decreases along generalisation and the optimum is a
+      minimal k-anonymous node.
 
     Returns a ``Partition`` (``kepsilon.tasks.k_anonymise``): ``class_ids`` dense 0..n_classes-1
     (numbered by the first row of each class) for kept rows and -1 for suppressed rows,
@@ -273,6 +277,7 @@ class _NodeStats:
     suppressed: int  # records in classes smaller than k
     kept_classes: int
     kept_sum_of_squares: int  # sum over kept classes of |ec|^2
+    all_sum_of_squares: int  # sum over every class of |ec|^2, suppressed ones included (DM*)
     discernibility_floor: int  # sum over records of max(class size, k): bounds every generalisation
     suppressed_cost_excess: float  # sum over suppressed records of (1 - generalised cost), all columns
 
@@ -377,6 +382,7 @@ class _NodeEvaluator:
             suppressed=int(sizes[small].sum()),
             kept_classes=int(np.count_nonzero(~small)),
             kept_sum_of_squares=int(squares[~small].sum()),
+            all_sum_of_squares=int(squares.sum()),
             discernibility_floor=int((sizes * np.maximum(sizes, self.k)).sum()),
             suppressed_cost_excess=excess,
         )
@@ -441,7 +447,11 @@ class _Objective:
         if metric == "loss":
             costs = _generalised_costs(records, hierarchies)
             return cls(metric, _loss_without_suppression(costs, records, lattice.shape), n, d, costs)
-        # Discernibility: the bound starts at 0 and rises as nodes are grouped (see raise_bound).
+        if metric == "dm_star":
+            # The bottom node's DM* bounds every node (generalising only merges classes); learn() raises it.
+            bottom = int((records.counts * records.counts).sum())
+            return cls(metric, np.full(lattice.shape, bottom, dtype=np.int64), n, d)
+        # Discernibility: the bound starts at 0 and rises as nodes are grouped (see learn).
         return cls(metric, np.zeros(lattice.shape, dtype=np.int64), n, d)
 
     def score(self, node: tuple[int, ...], stats: _NodeStats):
@@ -451,18 +461,21 @@ class _Objective:
             return float(self.bound[node])
         if self.metric == "loss":
             return float(self.bound[node]) + stats.suppressed_cost_excess / (self.n * self.dimensions)
+        if self.metric == "dm_star":
+            return stats.all_sum_of_squares
         return stats.kept_sum_of_squares + self.n * stats.suppressed
 
     def learn(self, node: tuple[int, ...], stats: _NodeStats) -> None:
         """Tighten the bound with a grouped node M: for discernibility, every generalisation N of M has
         ``DM(N) >= sum over records r of max(|ec_M(r)|, k)``, because r's class in N contains its
         class in M and is kept only if it has >= k records, and a suppressed record costs n >= both."""
-        if self.metric == "discernibility":
+        if self.metric in ("discernibility", "dm_star"):
+            floor = stats.discernibility_floor if self.metric == "discernibility" else stats.all_sum_of_squares
             up = _Lattice.generalisations(node)
-            np.maximum(self.bound[up], stats.discernibility_floor, out=self.bound[up])
+            np.maximum(self.bound[up], floor, out=self.bound[up])
 
     def value(self, score) -> int | float:
-        return int(score) if self.metric == "discernibility" else float(score)
+        return int(score) if self.metric in ("discernibility", "dm_star") else float(score)
 
 
 def _precision_per_node(shape: tuple[int, ...]) -> np.ndarray:

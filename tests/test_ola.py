@@ -52,8 +52,12 @@ def _hierarchies(dataset: str, columns) -> dict[str, Hierarchy]:
 
 @functools.cache
 def _reference_table(dataset: str, columns: tuple[str, ...], k: int) -> pd.DataFrame:
-    """Every node with its suppressed count and its three metrics, computed the plain way."""
-    frame = _frame(dataset)
+    """Every node of a bundled dataset with its suppressed count and its metrics (cached)."""
+    return _reference_for(_frame(dataset), dataset, columns, k)
+
+
+def _reference_for(frame: pd.DataFrame, dataset: str, columns: tuple[str, ...], k: int) -> pd.DataFrame:
+    """Every node with its suppressed count and its metrics, computed the plain way."""
     n, d = len(frame), len(columns)
     labels = {}  # (column, level) -> generalised label of every record
     leaf_cost = {}  # (column, level) -> generalised loss of every record
@@ -88,6 +92,8 @@ def _reference_table(dataset: str, columns: tuple[str, ...], k: int) -> pd.DataF
                 "loss": (per_record[~suppressed].sum() + d * suppressed.sum()) / (n * d),
                 # sum over kept classes of |ec|^2 = sum over kept records of their class size
                 "discernibility": int(size[~suppressed].sum()) + n * int(suppressed.sum()),
+                # DM*: every class, suppressed ones included, at its own size
+                "dm_star": int(size.sum()),
             }
         )
     return pd.DataFrame(rows)
@@ -125,6 +131,39 @@ def test_result_equals_exhaustive_search(dataset, columns, k, budget, metric):
     assert result.report["suppressed_rows"] == table.set_index("node").loc[[chosen], "suppressed"].iloc[0]
     # The search is the point: fewer nodes grouped than the lattice holds (or it is tiny).
     assert result.report["nodes_evaluated"] <= result.report["nodes_in_lattice"]
+
+
+@pytest.mark.parametrize("seed", range(6))
+def test_dm_star_and_every_metric_match_exhaustive_search_on_random_small_tables(seed):
+    """Small random samples of the synthetic people, random k and budget: small classes are common,
+    so suppressed classes weigh in DM* and the budget binds, unlike on the full table."""
+    rng = np.random.default_rng(seed)
+    n = int(rng.integers(40, 400))
+    frame = _frame("synthetic").sample(n=n, random_state=seed).reset_index(drop=True)
+    k = int(rng.choice([2, 3, 5, 8, 13]))
+    budget = float(rng.choice([0.0, 0.02, 0.05, 0.2]))
+    columns = tuple(SYNTHETIC_COLUMNS)
+    table = _reference_for(frame, "synthetic", columns, k)
+    max_suppressed = math.floor(budget * n)
+    if not (table["suppressed"] <= max_suppressed).any():
+        with pytest.raises(SpecError, match="k"):
+            ola(frame, list(columns), k, _hierarchies("synthetic", columns), budget, "dm_star")
+        return
+    for metric in METRICS:
+        expected_node, expected_value = _reference_optimum(table, metric, max_suppressed)
+        result = ola(frame, list(columns), k, _hierarchies("synthetic", columns), budget, metric)
+        assert tuple(result.report["node"][c] for c in columns) == expected_node, metric
+        assert result.report["metric_value"] == pytest.approx(expected_value, rel=1e-12)
+
+
+def test_dm_star_charges_suppressed_classes_at_their_own_size(unsuppressing_lattice):
+    """On the hand-made lattice the bottom node suppresses one record: DM* counts it as a class of 1
+    (not n, as discernibility does), so the bottom node wins under DM* and loses under discernibility."""
+    frame, hierarchies = unsuppressing_lattice
+    result = ola(frame, ["X", "Y"], 2, hierarchies, 1 / len(frame), "dm_star")
+    assert result.report["node"] == {"X": 0, "Y": 0}
+    assert result.report["metric_value"] == 1**2 + 2**2 + 10**2
+    assert result.report["suppressed_rows"] == 1
 
 
 def test_search_groups_far_fewer_nodes_than_the_lattice_holds():
