@@ -223,6 +223,16 @@ def unseals(
 
 
 @audit_app.command()
+def advice(
+    ctx: typer.Context,
+    population: Annotated[str, typer.Option(help="only this population")] = "",
+    format: FormatOption = Format.table,
+) -> None:
+    """Q11: who ran the parameter advisor (a read of private data), when, on which source and spec."""
+    _answer(ctx, "advice", format, population=population)
+
+
+@audit_app.command()
 def verify(
     ctx: typer.Context,
     checkpoint: Annotated[Optional[Path], typer.Option(help="checkpoint file exported earlier")] = None,

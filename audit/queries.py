@@ -1,4 +1,4 @@
-"""The privacy officers' questions (governance.md, questions 1–9) as named, parameterised SQL.
+"""The privacy officers' questions (governance.md, questions 1–9, and 11: advice runs) as named, parameterised SQL.
 
 One definition serves both the ``kepsilon audit`` commands and Datasette's canned queries
 (``audit/datasette.yaml`` is generated from ``QUERIES``: ``python -m kepsilon.audit.queries``), so the
@@ -181,6 +181,14 @@ WHERE :release = '' OR u.release_id = :release
 ORDER BY u.id
 """
 
+_ADVICE = """
+SELECT a.id AS event, a.population_id, a.actor, a.via, a.flow_run_id, a.created_at, a.source_sha256, a.source_rows,
+       a.spec_hash, a.k_values, a.epsilon_values, a.draws, a.report_dir
+FROM advice_events a
+WHERE :population = '' OR a.population_id = :population
+ORDER BY a.id
+"""
+
 _CHAIN_HEAD = """
 SELECT (SELECT COUNT(*) FROM chain) AS entries,
        (SELECT entry_hash FROM chain ORDER BY seq DESC LIMIT 1) AS head_hash,
@@ -253,6 +261,13 @@ QUERIES: dict[str, Query] = {
         "Every unseal event; release: empty for all.",
         _UNSEALS,
         ("release",),
+    ),
+    "advice": Query(
+        "11. Who read private data for parameter advice",
+        "Every run of `kepsilon advise` or the advise flow (no ε spent, nothing published): who, when, which "
+        "source and spec; population: empty for all.",
+        _ADVICE,
+        ("population",),
     ),
     "chain_head": Query(
         "10. Chain head and last checkpoint",

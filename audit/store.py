@@ -59,6 +59,7 @@ AUDITED_TABLES = (
     "unseal_events",
     "approvals",
     "checkpoints",
+    "advice_events",
 )
 PROTECTED_TABLES = AUDITED_TABLES + ("chain",)
 # Columns added by a migration after rows were already chained. While NULL they are left out of a row's
@@ -220,15 +221,21 @@ def _schema(db: sqlite_utils.Database) -> None:
         );
         """
     )
-    for table in PROTECTED_TABLES:
-        db.executescript(
-            f"""
-            CREATE TRIGGER {table}_no_update BEFORE UPDATE ON {table}
-            BEGIN SELECT RAISE(ABORT, 'audit table {table} is append-only: UPDATE refused'); END;
-            CREATE TRIGGER {table}_no_delete BEFORE DELETE ON {table}
-            BEGIN SELECT RAISE(ABORT, 'audit table {table} is append-only: DELETE refused'); END;
-            """
-        )
+    # The tables this migration created, frozen: later migrations protect their own tables.
+    for table in AUDITED_TABLES[: AUDITED_TABLES.index("checkpoints") + 1] + ("chain",):
+        _append_only(db, table)
+
+
+def _append_only(db: sqlite_utils.Database, table: str) -> None:
+    """The two triggers that refuse UPDATE and DELETE on an audited table (``chain.py`` checks them)."""
+    db.executescript(
+        f"""
+        CREATE TRIGGER {table}_no_update BEFORE UPDATE ON {table}
+        BEGIN SELECT RAISE(ABORT, 'audit table {table} is append-only: UPDATE refused'); END;
+        CREATE TRIGGER {table}_no_delete BEFORE DELETE ON {table}
+        BEGIN SELECT RAISE(ABORT, 'audit table {table} is append-only: DELETE refused'); END;
+        """
+    )
 
 
 @migrations(name="0002_release_failure_reason")
@@ -239,6 +246,39 @@ def _failure_reason(db: sqlite_utils.Database) -> None:
     any, is still in their manifest, which the officers' ``failures`` query reads as a fallback.
     """
     db.execute("ALTER TABLE releases ADD COLUMN failure_reason TEXT")
+
+
+@migrations(name="0003_advice_events")
+def _advice_events(db: sqlite_utils.Database) -> None:
+    """``advice_events``: each run of the parameter advisor, a read of private data that spends no ε.
+
+    Who asked, when, about which population, source (SHA-256) and spec (hash), over which grid of k and ε
+    with how many Monte-Carlo draws, and where its private figures went. No figure of the advice itself:
+    the advice is for the steward, and the store records that the data was read, not what it showed.
+    Covered by the hash chain and append-only like every audited table.
+    """
+    db.executescript(
+        """
+        CREATE TABLE advice_events (
+            id INTEGER PRIMARY KEY,
+            population_id TEXT NOT NULL,
+            spec_hash TEXT NOT NULL,
+            source_sha256 TEXT NOT NULL,
+            source_rows INTEGER NOT NULL,
+            actor TEXT NOT NULL,
+            via TEXT NOT NULL CHECK (via IN ('cli', 'flow')),
+            flow_run_id TEXT,
+            k_values TEXT NOT NULL,
+            epsilon_values TEXT NOT NULL,
+            draws INTEGER NOT NULL,
+            report_dir TEXT,
+            created_at TEXT NOT NULL
+        );
+        CREATE INDEX advice_events_population ON advice_events(population_id);
+        CREATE INDEX advice_events_source ON advice_events(source_sha256);
+        """
+    )
+    _append_only(db, "advice_events")
 
 
 def store_path(path: str | Path | None = None) -> Path:

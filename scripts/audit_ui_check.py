@@ -1,8 +1,8 @@
 """End-to-end check of the officers' read-only browser: Datasette + canned queries, seen by headless Chromium.
 
 Builds a small audit store through the real API in a temporary folder, serves it with
-``datasette serve <store> --metadata audit/datasette.yaml`` on a free port, and opens every one of the eleven
-officers' questions (governance.md's ten, question 4 in two parts, and the chain head behind ``verify``) in
+``datasette serve <store> --metadata audit/datasette.yaml`` on a free port, and opens every one of the twelve
+officers' questions (governance.md's ten, question 4 in two parts, the chain head behind ``verify``, and who ran the advisor) in
 headless Chromium. Each page must:
 
 - render without an error message,
@@ -56,6 +56,7 @@ def build_store(path: Path, checkpoint: Path) -> None:
     from kepsilon.audit.chain import write_checkpoint
     from kepsilon.audit.ledger import BudgetExceeded, mark_noise_drawn, reserve, set_cap
     from kepsilon.audit.records import record_release
+    from kepsilon.audit.advice import record_advice
     from kepsilon.audit.seeds import seal_seed, unseal_seed
     from kepsilon.audit.store import open_store
 
@@ -101,6 +102,8 @@ def build_store(path: Path, checkpoint: Path) -> None:
     except BudgetExceeded as refused:
         record_release(db, {"release_id": "R5", "idempotency_key": "k5", "error": str(refused)}, outcome="refused",
                        reservation_id=None)
+    record_advice(db, population_id="adult", spec_hash="6" * 64, source_sha256=S1, source_rows=100, actor="erin",
+                  via="cli", k_values=[5, 10], epsilon_values=[0.5, 1.0], draws=10)
     write_checkpoint(db, checkpoint)
     db.execute("PRAGMA wal_checkpoint(TRUNCATE)")
     db.close()
@@ -209,6 +212,7 @@ def expected_pages(chain_entries: int, head_hash: str, checkpoint_entries: int) 
         "scale_basis": ("/audit/scale_basis?basis=bounds", [{"release_id": "R2", "noise_scale": "public bounds"}]),
         "unseals": ("/audit/unseals",
                     [{"release_id": "R3", "actor": "kepsilon-flow", "commitment_verified": "yes"}]),
+        "advice": ("/audit/advice?population=adult", [{"population_id": "adult", "actor": "erin", "via": "cli"}]),
         "chain_head": ("/audit/chain_head",
                        [{"entries": str(chain_entries), "head_hash": head_hash,
                          "last_checkpoint_entries": str(checkpoint_entries)}]),

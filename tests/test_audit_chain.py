@@ -10,6 +10,7 @@ from kepsilon.audit.chain import ChainBroken, verify_chain, write_checkpoint
 from kepsilon.audit.ledger import mark_noise_drawn, reserve, set_cap
 from kepsilon.audit.records import record_release
 from kepsilon.audit.seeds import seal_seed, unseal_seed
+from kepsilon.audit.advice import record_advice
 from kepsilon.audit.store import PROTECTED_TABLES, open_store
 from kepsilon.tasks.errors import SpecError
 
@@ -62,6 +63,10 @@ def db(tmp_path):
     record_release(store, _manifest(), outcome="published", reservation_id=reservation.id)
     approve(store, release_id="rel-1", spec_hash=SPEC_HASH, approver="carol", reason="ok")
     unseal_seed(store, release_id="rel-1", by="dave", reason="audit sample")
+    record_advice(
+        store, population_id="pop", spec_hash=SPEC_HASH, source_sha256="d" * 64, source_rows=100, actor="erin",
+        via="cli", k_values=[2, 5], epsilon_values=[0.5, 1.0], draws=10,
+    )
     yield store
     store.close()
 
@@ -271,6 +276,38 @@ def test_a_store_from_before_failure_reason_migrates_and_its_chain_still_verifie
     db.execute("UPDATE releases SET failure_reason = 'nothing to see' WHERE release_id = 'rel-2'")
     ok, problems = verify_chain(db)
     assert not ok and any("releases#2 does not match its hash" in p for p in problems)
+    db.close()
+
+
+def test_a_store_from_before_advice_events_migrates_verifies_and_chains_advice(tmp_path):
+    import sqlite3
+
+    import sqlite_utils
+
+    from kepsilon.audit.store import migrations
+
+    path = tmp_path / "old.db"
+    old = sqlite_utils.Database(sqlite3.connect(str(path)))
+    old.enable_wal()
+    migrations.apply(old, stop_before="0003_advice_events")
+    assert "advice_events" not in old.table_names()
+    set_cap(old, "pop", 2.0, "alice", "initial")
+    old.close()
+
+    db = open_store(path)
+    assert verify_chain(db) == (True, [])
+    event = record_advice(
+        db, population_id="pop", spec_hash=SPEC_HASH, source_sha256="d" * 64, source_rows=100, actor="erin",
+        via="flow", flow_run_id="run-9", k_values=[10], epsilon_values=[1.0], draws=5, report_dir="reports/private/x",
+    )
+    assert verify_chain(db) == (True, [])
+    assert db.execute("SELECT table_name, row_id FROM chain ORDER BY seq DESC LIMIT 1").fetchone() == ("advice_events", event)
+    with pytest.raises(Exception, match="advice_events is append-only: UPDATE"):
+        db.execute("UPDATE advice_events SET actor = 'mallory'")
+    _drop_triggers(db)
+    db.execute("UPDATE advice_events SET actor = 'mallory'")
+    ok, problems = verify_chain(db)
+    assert not ok and any(f"advice_events#{event} does not match its hash" in p for p in problems)
     db.close()
 
 
