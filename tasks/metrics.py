@@ -182,6 +182,27 @@ def expected_absolute_error(original, centre, scales, low: float = -math.inf, hi
     return np.where(noised, above + below, np.abs(np.clip(c, low, high) - v))
 
 
+def expected_relative_errors(original, scales, *, lower: float, upper: float, epsilon: float, scale_basis: str) -> np.ndarray:
+    """Per row, the expected relative error ``E|published − v|/|v|`` of one ε-quasi before any noise is drawn.
+
+    ``scales``: the Laplace scale each row's noise is drawn with (:func:`kepsilon.tasks.perturb.noise_scales`).
+    Inputs are clamped to the public bounds before the noise, and in bounds mode the outputs to the bounds
+    rounded inwards to the public grid, exactly as :func:`kepsilon.tasks.perturb.perturb` does; the
+    expectation is :func:`expected_absolute_error`. A zero original has no relative error: its entry is NaN.
+    The one definition behind the release's predicted error, the advisor's and the per-group figures.
+    """
+    original = np.asarray(original, dtype=np.float64)
+    scales = np.asarray(scales, dtype=np.float64)
+    centre = np.clip(original, lower, upper)
+    if scale_basis == "bounds":
+        low, high = grid_bounds(lower, upper, public_grid(lower, upper, epsilon))
+    else:
+        low, high = -math.inf, math.inf
+    expected = expected_absolute_error(original, centre, scales, low, high)
+    with np.errstate(divide="ignore", invalid="ignore"):
+        return np.where(original != 0, expected / np.abs(original), np.nan)
+
+
 def e_quasi_metrics(
     original,
     noisy,
@@ -213,14 +234,11 @@ def e_quasi_metrics(
     noisy = _values("noisy", noisy, len(original))
     scales = _values("scales", scales, len(original))
     class_ids = np.asarray(class_ids)
-    centre = np.clip(original, lower, upper)
-    if scale_basis == "bounds":
-        low, high = grid_bounds(lower, upper, public_grid(lower, upper, epsilon))
-    else:
-        low, high = -math.inf, math.inf
     nonzero = original != 0
-    expected = expected_absolute_error(original[nonzero], centre[nonzero], scales[nonzero], low, high)
-    predicted = float(np.mean(expected / np.abs(original[nonzero]))) if nonzero.any() else 0.0
+    expected = expected_relative_errors(
+        original, scales, lower=lower, upper=upper, epsilon=epsilon, scale_basis=scale_basis
+    )
+    predicted = float(np.mean(expected[nonzero])) if nonzero.any() else 0.0
     return {
         "measured_relative_error": measured_relative_error(original[nonzero], noisy[nonzero], column),
         "predicted_relative_error": predicted,
@@ -286,6 +304,32 @@ def release_metrics(
         "linking_risk": max((c["linking_risk"] for c in columns), default=0.0),
         "classes": class_statistics(class_ids[published], sum(rows_removed.values())),
     }
+
+
+def errors_by_class(original: pd.DataFrame, noisy: pd.DataFrame, class_ids, scales: Mapping[str, np.ndarray], spec):
+    """Per anonymiser class, the mean predicted and the mean measured relative error of its records.
+
+    The same per-record figures as the release's (:func:`expected_relative_errors` on the scales the noise
+    was drawn with, and ``|v' − v|/|v|``), averaged inside each class and then over the ε-quasis; records
+    with a zero original are left out as in the release's figures. Returns two arrays, one entry per class
+    (dense class order); a class with no non-zero value gets NaN. For the private per-group plot.
+    """
+    dense_ids, n_classes = dense_class_ids(class_ids, len(original))
+    predicted, measured = [], []
+    for quasi in spec.roles.e_quasi:
+        values = original[quasi.column].to_numpy(dtype=np.float64)
+        changed = noisy[quasi.column].to_numpy(dtype=np.float64)
+        expected = expected_relative_errors(
+            values, scales[quasi.column], lower=quasi.lower, upper=quasi.upper,
+            epsilon=spec.epsilon_split()[quasi.column], scale_basis=spec.scale_basis,
+        )
+        nonzero = values != 0
+        counts = np.bincount(dense_ids[nonzero], minlength=n_classes)
+        with np.errstate(divide="ignore", invalid="ignore"):
+            predicted.append(np.bincount(dense_ids[nonzero], weights=expected[nonzero], minlength=n_classes) / counts)
+            actual = np.abs(changed[nonzero] - values[nonzero]) / np.abs(values[nonzero])
+            measured.append(np.bincount(dense_ids[nonzero], weights=actual, minlength=n_classes) / counts)
+    return np.mean(predicted, axis=0), np.mean(measured, axis=0)
 
 
 @task(name="metrics", cache_policy=NO_CACHE, persist_result=False)
