@@ -29,6 +29,7 @@ from kepsilon.local_server import prefect_server, stop
 ROOT = Path(__file__).resolve().parent.parent
 BIN = Path(sys.executable).parent
 DEPLOYMENT = "governed-release/paper-synthetic-nightly"
+ADVICE_DEPLOYMENT = "advise/paper-synthetic-advice"
 
 
 def prefect(*args: str, env: dict) -> str:
@@ -46,11 +47,11 @@ def changed_parameters(k: int, epsilon: float, output_dir: Path) -> dict:
     return {"spec": spec}
 
 
-async def run_and_wait(parameters: dict, timeout: float) -> tuple[str, str]:
+async def run_and_wait(parameters: dict, timeout: float, deployment: str = DEPLOYMENT) -> tuple[str, str]:
     from prefect.client.orchestration import get_client
     from prefect.deployments import run_deployment
 
-    flow_run = await run_deployment(DEPLOYMENT, parameters=parameters, timeout=0)
+    flow_run = await run_deployment(deployment, parameters=parameters, timeout=0)
     deadline = time.monotonic() + timeout
     async with get_client() as client:
         while time.monotonic() < deadline:
@@ -82,6 +83,7 @@ def main() -> int:
             "KEPSILON_PROJECT_DIR": str(ROOT),
             "KEPSILON_AUDIT_DB": str(work / "audit.db"),
             "KEPSILON_SEED_KEY_FILE": str(work / "seed.key"),
+            "KEPSILON_REPORTS_DIR": str(work / "reports"),
         }
         os.environ.update(env)
         subprocess.run(
@@ -96,6 +98,7 @@ def main() -> int:
         )
         try:
             check_run(args, work / "out", failures)
+            check_advice(args, work / "out", failures)
         finally:
             stop(worker)
     print(f"{'OK' if not failures else 'FAILED'}: deployment check ({len(failures)} failure(s)); logs in {work}")
@@ -127,6 +130,31 @@ def check_run(args, output_dir: Path, failures: list[str]) -> None:
     published = pd.read_csv(release / "data.csv")
     smallest = published.groupby(manifest["roles"]["k_quasi"]).size().min()
     check(f"published file is {args.k}-anonymous (smallest group {smallest})", smallest >= args.k, failures)
+
+
+def check_advice(args, output_dir: Path, failures: list[str]) -> None:
+    """Run the advice deployment on a small grid: it completes, shows its plots on the run, spends nothing."""
+    from prefect.client.orchestration import get_client
+    from prefect.client.schemas.filters import ArtifactFilter, FlowRunFilter, FlowRunFilterId
+
+    deployments = yaml.safe_load((ROOT / "deployments" / "prefect.yaml").read_text())["deployments"]
+    request = dict(next(d for d in deployments if d["name"] == "paper-synthetic-advice")["parameters"]["request"])
+    request.update(k_values=[args.k], epsilon_values=[args.epsilon], draws=3)
+    request["spec"] = {**request["spec"], "output_dir": str(output_dir / "advice-must-not-write-here")}
+    store = sqlite3.connect(os.environ["KEPSILON_AUDIT_DB"])
+    ledger_before = store.execute("SELECT COUNT(*) FROM ledger").fetchone()[0]
+    flow_run_id, state = asyncio.run(run_and_wait({"request": request}, args.timeout, ADVICE_DEPLOYMENT))
+    check(f"advice run {flow_run_id} completed (state {state})", state == "COMPLETED", failures)
+    events = store.execute("SELECT via, flow_run_id FROM advice_events").fetchall()
+    check("advice recorded as an advice event naming its flow run", events == [("flow", flow_run_id)], failures)
+    check("advice left the ledger unchanged", store.execute("SELECT COUNT(*) FROM ledger").fetchone()[0] == ledger_before, failures)
+    check("advice wrote nothing where releases are published", not (output_dir / "advice-must-not-write-here").exists(), failures)
+    with get_client(sync_client=True) as client:
+        artifacts = client.read_artifacts(
+            flow_run_filter=FlowRunFilter(id=FlowRunFilterId(any_=[flow_run_id])), artifact_filter=ArtifactFilter()
+        )
+    images = sum(str(a.data).count("](data:image/png;base64,") for a in artifacts)
+    check(f"advice run shows its 3 plots on its page ({images} embedded)", images == 3, failures)
 
 
 if __name__ == "__main__":

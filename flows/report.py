@@ -5,6 +5,8 @@ Built only from the manifest, which holds parameters, counts and fingerprints, n
 
 from prefect.artifacts import create_markdown_artifact, create_table_artifact
 
+from kepsilon.tasks.figures import markdown_images
+
 
 def summary_rows(manifest: dict) -> list[dict]:
     """The figures a steward or officer looks at first, as (measure, value) rows."""
@@ -82,3 +84,19 @@ def publish_report_artifacts(manifest: dict) -> None:
     key = "release-" + "".join(ch if ch.isalnum() else "-" for ch in manifest["release_id"].lower())
     create_markdown_artifact(key=key, markdown=markdown_report(manifest), description="(k,ε) release report")
     create_table_artifact(key=key + "-summary", table=summary_rows(manifest), description="release figures")
+
+
+def artifact_key(name: str) -> str:
+    """A Prefect artifact key from any id: lowercase letters, digits and dashes only."""
+    return "".join(ch if ch.isalnum() else "-" for ch in name.lower())
+
+
+def publish_figure_artifact(name: str, figures: dict[str, bytes], captions: dict[str, str], description: str) -> None:
+    """Attach PNG figures to the flow run as one markdown artifact with the images embedded (data: URIs).
+
+    Embedded rather than linked: the browser showing the Prefect UI cannot read the worker's report folder.
+    The figures are private (computed from private values): they go to the run's page, never to a release.
+    """
+    header = f"# {description}\n\nPrivate: for the steward only, computed from the private data.\n\n"
+    create_markdown_artifact(key=artifact_key(name) + "-figures", markdown=header + markdown_images(figures, captions),
+                             description=description)

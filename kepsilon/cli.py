@@ -1,6 +1,7 @@
 """The ``kepsilon`` command: run a release from a spec file, and query the audit store.
 
     kepsilon release releases/paper-synthetic.yaml --k 5 --epsilon 0.5
+    kepsilon advise releases/paper-synthetic.yaml --target-error 0.05 --max-linking-risk 0.1
     kepsilon audit budget paper-synthetic
 
 What ``kepsilon release`` prints: Prefect's run log, then the release summary, or one line
@@ -195,6 +196,86 @@ def release(
     except Exception as failure:
         _crashed(failure, quiet, debug)
     console.print(summary_table(manifest))
+
+
+def _numbers(option: str, text: Optional[str], kind):
+    """A comma-separated grid option (``--k 2,5,10``) as numbers; None when not given."""
+    if text is None:
+        return None
+    try:
+        return [kind(part) for part in text.split(",") if part.strip()]
+    except ValueError:
+        raise KepsilonError(f"parameter '{option}': give comma-separated numbers, e.g. {option} 2,5,10") from None
+
+
+@app.command()
+def advise(
+    spec_path: Path = typer.Argument(..., metavar="SPEC.yaml", help="release spec (YAML)"),
+    k: Optional[str] = typer.Option(None, "--k", help="k values, comma-separated (default 2,5,10,20,50,100)"),
+    epsilon: Optional[str] = typer.Option(
+        None, "--epsilon", help="ε values, comma-separated (default 0.05,0.5,1,2,4,8,16)"
+    ),
+    draws: int = typer.Option(10, "--draws", help="Monte-Carlo noise draws per cell"),
+    target_error: Optional[float] = typer.Option(None, "--target-error", help="smallest ε with predicted error ≤ this"),
+    max_linking_risk: Optional[float] = typer.Option(
+        None, "--max-linking-risk", help="smallest k with linking risk ≤ this"
+    ),
+    operator: Optional[str] = typer.Option(None, "--operator", help="who asks (default: OS user)"),
+    db: Optional[Path] = typer.Option(None, "--db", envvar="KEPSILON_AUDIT_DB", help="audit store (default ./audit.db)"),
+) -> None:
+    """Print what each k and ε of a grid would do to SPEC.yaml's data, before any ε is spent.
+
+    Per cell: the anonymiser's suppression and classes and the predicted error (exact), and the expected
+    confidence suppression, error and linking risk (Monte-Carlo over noise that is thrown away). Spends no
+    ε and publishes nothing; recorded in the audit store as an advice event. For the steward only.
+    """
+    import getpass
+    import time
+
+    from kepsilon.flows.spec import load_spec
+    from kepsilon.tasks.advise import (
+        DATA_DEPENDENCE,
+        DEFAULT_EPSILON,
+        DEFAULT_K,
+        advice_rows,
+        advise_and_record,
+        answer_lines,
+        monte_carlo_note,
+    )
+
+    started = time.monotonic()
+    try:
+        spec = load_spec(spec_path, operator=operator)
+        run = advise_and_record(
+            spec,
+            operator=spec.operator or getpass.getuser(),
+            via="cli",
+            k_values=_numbers("--k", k, int) or DEFAULT_K,
+            epsilon_values=_numbers("--epsilon", epsilon, float) or DEFAULT_EPSILON,
+            draws=draws,
+            target_error=target_error,
+            max_linking_risk=max_linking_risk,
+            store=db,
+        )
+    except KepsilonError as failure:
+        errors.print(f"[bold red]advice refused:[/] {escape(str(failure))}", soft_wrap=True)
+        raise typer.Exit(code=2)
+    rows = advice_rows(run.advice)
+    table = Table(title=f"advice for {run.advice.population_id} ({run.advice.rows} records, {run.advice.algorithm})")
+    for column in max(rows, key=len):
+        table.add_column(column, justify="right")
+    for row in rows:
+        table.add_row(*[row.get(str(c.header), "") for c in table.columns])
+    console.print(table)
+    console.print(monte_carlo_note(run.advice), soft_wrap=True)
+    for line in answer_lines(run.advice, target_error, max_linking_risk):
+        console.print(line, soft_wrap=True)
+    console.print(
+        f"recorded as advice event {run.event_id} in the audit store; no ε spent; private figures in "
+        f"{escape(str(run.report_dir))} ({time.monotonic() - started:.1f} s)",
+        soft_wrap=True,
+    )
+    console.print(DATA_DEPENDENCE, soft_wrap=True)
 
 
 def summary_table(manifest: dict) -> Table:

@@ -35,6 +35,7 @@ def store(tmp_path, monkeypatch):
     monkeypatch.setenv("KEPSILON_AUDIT_DB", str(path))
     monkeypatch.setenv("KEPSILON_SEED_KEY_FILE", str(tmp_path / "keys" / "seed.key"))
     monkeypatch.delenv("KEPSILON_DEFAULT_CAP", raising=False)
+    monkeypatch.setenv("KEPSILON_REPORTS_DIR", str(tmp_path / "reports"))
     db = open_store(path)
     set_cap(db, "test-population", 5.0, by="test-officer", reason="test cap")
     return db
@@ -220,6 +221,32 @@ def test_each_run_attaches_its_report_artifacts(store, synthetic_spec_dict):
     assert "not ε-differentially private" in markdown and "k_anonymous_groups" in markdown
 
 
+def test_each_release_draws_its_private_figures_into_the_report_folder_and_onto_the_run(store, synthetic_spec_dict, tmp_path):
+    from prefect.client.orchestration import get_client
+    from prefect.client.schemas.filters import ArtifactFilter, ArtifactFilterKey
+
+    record = governed_release(parse_spec({**synthetic_spec_dict, "release_id": "figure-check"}))
+    folder = tmp_path / "reports" / "figure-check"
+    assert record["private_figures"] == str(folder)
+    for name in ("group_sizes", "error_by_group"):
+        assert (folder / f"{name}.png").read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
+    published = Path(synthetic_spec_dict["output_dir"]) / "figure-check"
+    assert sorted(p.name for p in published.iterdir()) == ["data.csv", "data.parquet", "manifest.json"]
+    assert "private_figures" not in json.loads((published / "manifest.json").read_text())
+    with get_client(sync_client=True) as client:
+        (artifact,) = client.read_artifacts(artifact_filter=ArtifactFilter(key=ArtifactFilterKey(any_=["release-figure-check-figures"])))
+    assert artifact.type == "markdown" and artifact.data.count("](data:image/png;base64,") == 2
+
+
+def test_a_report_folder_inside_the_published_folder_is_refused_before_anything_is_read(store, synthetic_spec_dict, monkeypatch):
+    from kepsilon.tasks.errors import SpecError
+
+    monkeypatch.setenv("KEPSILON_REPORTS_DIR", synthetic_spec_dict["output_dir"])
+    with pytest.raises(SpecError, match="KEPSILON_REPORTS_DIR"):
+        governed_release(parse_spec(synthetic_spec_dict))
+    assert list(store["ledger"].rows_where("kind != 'cap'")) == []
+
+
 def test_the_public_manifest_holds_only_public_fields(store, synthetic_spec_dict):
     """Nothing computed from private values leaves with the release unless the spec opts it in."""
     from kepsilon.flows.manifest import check_public_fields
@@ -282,3 +309,26 @@ def test_neighbouring_sources_differ_in_nothing_published_but_the_noisy_data(sto
         manifest = json.loads((Path(spec["output_dir"]) / spec["release_id"] / "manifest.json").read_text())
         published.append({field: value for field, value in manifest.items() if field not in {"release_id", "outputs"}})
     assert published[0] == published[1]
+
+
+def test_the_advise_flow_shows_its_grid_and_plots_on_the_run_records_the_read_and_spends_nothing(store, synthetic_spec_dict):
+    from prefect.client.orchestration import get_client
+    from prefect.client.schemas.filters import ArtifactFilter, FlowRunFilter, FlowRunFilterId
+
+    from kepsilon.flows.advise import AdviceRequest, advise
+
+    ledger_before = list(store["ledger"].rows)
+    request = AdviceRequest(spec=parse_spec(synthetic_spec_dict), k_values=[10], epsilon_values=[1.0, 4.0], draws=3)
+    outcome = advise(request)
+
+    (event,) = store["advice_events"].rows
+    assert event["via"] == "flow" and event["id"] == outcome["event_id"]
+    assert list(store["ledger"].rows) == ledger_before
+    assert not Path(synthetic_spec_dict["output_dir"]).exists()
+    with get_client(sync_client=True) as client:
+        artifacts = client.read_artifacts(
+            flow_run_filter=FlowRunFilter(id=FlowRunFilterId(any_=[event["flow_run_id"]])), artifact_filter=ArtifactFilter()
+        )
+    pages = {a.key: a.data for a in artifacts}
+    assert pages["advice-test-population-figures"].count("](data:image/png;base64,") == 3
+    assert "20.74%" in pages["advice-test-population"]  # k = 10, ε = 1, as the demo release predicts
