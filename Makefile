@@ -12,7 +12,7 @@ export PREFECT_SERVER_EPHEMERAL_STARTUP_TIMEOUT_SECONDS := 120
 export GX_ANALYTICS_ENABLED := false
 export DO_NOT_TRACK := 1
 
-.PHONY: install demo test bench serve deployment-check audit-ui audit-ui-check clean reliability
+.PHONY: install demo test bench serve deployment-check audit-ui audit-ui-check clean reliability paper
 
 install: $(VENV)/.installed
 
@@ -54,6 +54,10 @@ audit-ui-check: install
 ## reliability: faults, races, bad input, leaks, tampering, noise; writes reliability/report.md
 reliability: install
 	$(BIN)/python -m reliability.run
+
+## paper: the method's campaign (method.md §8) on the bundled sample; writes reports/paper/README.md and plots
+paper: install
+	$(BIN)/python -m benchmarks.paper
 
 clean:
 	rm -rf out .prefect audit.db audit.db-wal audit.db-shm
