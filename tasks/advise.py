@@ -266,8 +266,16 @@ def smallest_k_for_linking_risk(advice: Advice, limit: float) -> dict[float, int
 
 
 def recommendation(advice: Advice, target_error: float | None, max_linking_risk: float | None) -> Cell | None:
-    """The cell meeting every given target with the smallest ε (the least budget), then the smallest k."""
-    cells = [c for c in advice.cells if c.refused is None]
+    """The cell meeting every given target with the smallest ε (the least budget), then the smallest k.
+
+    Cells whose expected suppression exceeds the spec's budget are left out: a release there would most
+    likely spend its ε and then fail its suppression check.
+    """
+    cells = [
+        c for c in advice.cells
+        if c.refused is None
+        and c.anonymiser_suppressed_fraction + c.confidence_suppression.mean <= advice.suppression_budget
+    ]
     if target_error is not None:
         cells = [c for c in cells if c.predicted_mean <= target_error]
     if max_linking_risk is not None:
@@ -401,9 +409,9 @@ def answer_lines(advice: Advice, target_error: float | None, max_linking_risk: f
     if target_error is not None or max_linking_risk is not None:
         best = recommendation(advice, target_error, max_linking_risk)
         lines.append(
-            "no cell of the grid meets every target"
+            "no cell of the grid within the suppression budget meets every target"
             if best is None
-            else f"least ε meeting every target: k = {best.k}, ε = {best.epsilon:g}"
+            else f"least ε meeting every target within the suppression budget: k = {best.k}, ε = {best.epsilon:g}"
         )
     return lines
 
