@@ -8,12 +8,14 @@ No ``from __future__ import annotations`` here: served runs need the pydantic pa
 """
 
 import getpass
+from typing import Annotated
 
 from prefect import flow, get_run_logger, task
 from prefect.artifacts import create_markdown_artifact
 from prefect.cache_policies import NO_CACHE
 from prefect.runtime import flow_run
 from pydantic import BaseModel, ConfigDict, Field
+from pydantic.json_schema import SkipJsonSchema
 
 from kepsilon.flows.report import artifact_key, publish_figure_artifact
 from kepsilon.flows.spec import ReleaseSpec
@@ -39,12 +41,12 @@ class AdviceRequest(BaseModel):
     model_config = ConfigDict(extra="forbid")
 
     spec: ReleaseSpec = Field(description="the release spec to advise on; its k and ε are replaced by the grid")
-    k_values: list[int] = Field(default=list(DEFAULT_K), description="k values of the grid (each ≥ 2)")
-    epsilon_values: list[float] = Field(default=list(DEFAULT_EPSILON), description="ε values of the grid (each > 0)")
+    k_values: list[int] = Field(default=list(DEFAULT_K), description="k values of the grid (each at least 2)")
+    epsilon_values: list[float] = Field(default=list(DEFAULT_EPSILON), description="ε values of the grid (each above 0)")
     draws: int = Field(default=DEFAULT_DRAWS, ge=2, le=MAX_DRAWS, description="Monte-Carlo noise draws per cell")
-    target_error: float | None = Field(default=None, gt=0, description="answer: the smallest ε whose predicted error is at most this")
-    max_linking_risk: float | None = Field(
-        default=None, gt=0, lt=1, description="answer: the smallest k whose linking risk is at most this"
+    target_error: Annotated[float, Field(gt=0)] | SkipJsonSchema[None] = Field(default=None, description="answer: the smallest ε whose predicted error is at most this")
+    max_linking_risk: Annotated[float, Field(gt=0, lt=1)] | SkipJsonSchema[None] = Field(
+        default=None, description="answer: the smallest k whose linking risk is at most this"
     )
 
 

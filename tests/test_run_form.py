@@ -8,13 +8,18 @@ import json
 
 from prefect.utilities.callables import parameter_schema
 
+import pytest
+
+from kepsilon.flows.advise import advise
 from kepsilon.flows.release import governed_release
 from kepsilon.flows.spec import parse_spec
 
+FLOWS = [governed_release, advise]
 
-def run_form_schema() -> dict:
-    """The schema Prefect stores with a deployment of the release flow (and renders as its run form)."""
-    return parameter_schema(governed_release).model_dump_for_openapi()
+
+def run_form_schema(deployed_flow=governed_release) -> dict:
+    """The schema Prefect stores with a deployment of a flow (and renders as its run form)."""
+    return parameter_schema(deployed_flow).model_dump_for_openapi()
 
 
 def walk(node, path=""):
@@ -28,16 +33,19 @@ def walk(node, path=""):
             yield from walk(value, f"{path}/{index}")
 
 
-def test_every_description_survives_the_forms_sanitiser():
-    descriptions = [node["description"] for _, node in walk(run_form_schema()) if isinstance(node.get("description"), str)]
+@pytest.mark.parametrize("deployed_flow", FLOWS, ids=lambda f: f.name)
+def test_every_description_survives_the_forms_sanitiser(deployed_flow):
+    schema = run_form_schema(deployed_flow)
+    descriptions = [node["description"] for _, node in walk(schema) if isinstance(node.get("description"), str)]
     assert len(descriptions) > 20
     assert [d for d in descriptions if "<" in d or ">" in d] == []
 
 
-def test_no_optional_field_offers_a_null_type_toggle():
+@pytest.mark.parametrize("deployed_flow", FLOWS, ids=lambda f: f.name)
+def test_no_optional_field_offers_a_null_type_toggle(deployed_flow):
     nullable = [
         path
-        for path, node in walk(run_form_schema())
+        for path, node in walk(run_form_schema(deployed_flow))
         if any(isinstance(option, dict) and option.get("type") == "null" for option in node.get("anyOf", []))
     ]
     assert nullable == []
