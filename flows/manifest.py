@@ -108,6 +108,7 @@ PUBLIC_FIELDS = {
         "e_quasi": "*",
     },
     "roles": "*",
+    "columns": "*",
     "hierarchies": "*",
     "guarantee": None,
     "records": {"in": None, "removed": "*", "published": None},
@@ -157,8 +158,9 @@ def hierarchy_descriptions(spec: ReleaseSpec, hashes: dict) -> dict:
 def public_manifest(record: dict, spec: ReleaseSpec, grids: dict[str, float], guarantee: str) -> dict:
     """The manifest published beside the data, built only from public fields of the private record.
 
-    ``grids``: the public snapping grid of each ε-quasi (from its bounds and ε share). Statistics the
-    spec opts in through ``publish_statistics`` go under ``unprotected_statistics``; they are
+    ``grids``: the public snapping grid of each ε-quasi (from its bounds and ε share). ``columns``
+    (each published column's role and type, ``publish.published_columns``) comes from the record.
+    Statistics the spec opts in through ``publish_statistics`` go under ``unprotected_statistics``; they are
     computed from the private data and are not protected by the method.
     """
     method = {
@@ -185,6 +187,7 @@ def public_manifest(record: dict, spec: ReleaseSpec, grids: dict[str, float], gu
         "population_id": spec.population_id,
         "method": method,
         "roles": spec.roles.names(),
+        "columns": {name: dict(entry) for name, entry in record["columns"].items()},
         "hierarchies": hierarchy_descriptions(spec, record.get("hierarchies", {})),
         "guarantee": guarantee,
         "records": {

@@ -25,7 +25,7 @@ from kepsilon.tasks.k_anonymise import k_anonymise_records
 from kepsilon.tasks.figures import RELEASE_CAPTIONS, private_report_dir, release_figures, write_figures
 from kepsilon.tasks.metrics import errors_by_class, measure_release
 from kepsilon.tasks.perturb import perturb_records, public_grid
-from kepsilon.tasks.publish import merge_and_shuffle, publish_release
+from kepsilon.tasks.publish import merge_and_shuffle, publish_release, published_columns
 from kepsilon.tasks.record import check_approval, record_outcome, reserve_epsilon, store_location, verify_store
 from kepsilon.tasks.suppress import suppress_linkable
 from kepsilon.tasks.validate import check_release
@@ -123,6 +123,7 @@ def _perturb_check_publish(spec, key, table, partition, reservation, store, reco
         "predicted": predicted,
         "measured": measured,
     }
+    record["columns"] = published_columns(release, table.roles)
 
     validation = check_release(release, spec, record["rows_in"], sum(record["rows_removed"].values()))
     record["checks"] = validation.checks

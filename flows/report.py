@@ -3,6 +3,8 @@
 Built only from the manifest, which holds parameters, counts and fingerprints, never data values.
 """
 
+from pathlib import Path
+
 from prefect.artifacts import create_markdown_artifact, create_table_artifact
 
 from kepsilon.tasks.figures import markdown_images
@@ -30,9 +32,24 @@ def summary_rows(manifest: dict) -> list[dict]:
         ("relative error, predicted", _percent(loss.get("predicted"))),
         ("linking risk", _percent(manifest.get("linking_risk"))),
         ("checks passed", f"{sum(c['success'] for c in manifest.get('checks', []))}/{len(manifest.get('checks', []))}"),
-        ("output", manifest.get("directory")),
+        ("output", _shown_path(manifest.get("directory"))),
     ]
     return [{"measure": name, "value": "" if value is None else str(value)} for name, value in rows]
+
+
+def _shown_path(directory: str | None) -> str | None:
+    """The output folder as the operator would type it: relative to the working directory when inside it.
+
+    A spec file's relative ``output_dir`` is resolved against the spec file, so the record holds an
+    absolute path; ``out/…`` reads better at the terminal than the full path.
+    """
+    if directory is None:
+        return None
+    path = Path(directory)
+    try:
+        return str(path.relative_to(Path.cwd())) if path.is_absolute() else directory
+    except ValueError:
+        return directory
 
 
 def _percent(value) -> str | None:

@@ -37,6 +37,13 @@ class SourceSpec(BaseModel):
     delimiter: str = Field(default=",", min_length=1, max_length=1, description="CSV field separator")
     header: bool = Field(default=True, description="whether the CSV's first line names the columns")
     columns: list[str] | SkipJsonSchema[None] = Field(default=None, description="column names, for a CSV without a header")
+    missing: list[str] = Field(
+        default=[""],
+        description=(
+            "CSV cells whose exact text means a missing value (default: the empty cell only); "
+            "e.g. add NA to treat it as missing. Parquet: a null is missing, this list is not used"
+        ),
+    )
 
     @model_validator(mode="after")
     def _columns_when_headerless(self):
@@ -164,7 +171,10 @@ class ReleaseSpec(BaseModel):
     )
     confidence: float = Field(default=0.99, gt=0, lt=1, description="confidence c of confidence-based suppression")
     suppression_budget: float = Field(default=0.05, ge=0, le=1, description="largest fraction of records removed")
-    output_dir: str = Field(default="out", description="published files go to `output_dir/release_id`")
+    output_dir: str = Field(
+        default="out",
+        description="published files go to `output_dir/release_id`; in a spec file, relative to the spec file",
+    )
     publish_statistics: list[Literal["information_loss", "linking_risk", "k_quasi_precision"]] = Field(
         default=[],
         description=(
@@ -206,7 +216,7 @@ class ReleaseSpec(BaseModel):
 
 
 def load_spec(path: str | Path, **overrides) -> ReleaseSpec:
-    """Read a YAML spec; relative paths in it are resolved against the spec file's folder.
+    """Read a YAML spec; every relative path in it is resolved against the spec file's folder.
 
     ``overrides`` (e.g. ``k=5``) replace top-level fields before validation. Validation errors are
     re-raised as ``SpecError`` naming the offending parameter.
@@ -239,7 +249,13 @@ def parse_spec(raw: dict) -> ReleaseSpec:
 
 
 def resolve_paths(spec: ReleaseSpec, base: Path) -> ReleaseSpec:
-    """A copy of the spec whose source and hierarchy paths are absolute, relative ones taken from ``base``."""
+    """A copy of the spec whose paths are all absolute, relative ones taken from ``base``.
+
+    One rule for every path a spec file holds (the source, each hierarchy file, ``output_dir``): it
+    is relative to the spec file, so a spec means the same wherever it is run from. A spec given
+    directly as the flow's parameter (a deployment, the UI form) has no file: its relative paths are
+    taken from the flow's working directory (for the deployments, the project root).
+    """
 
     def absolute(p: str | None) -> str | None:
         if p is None:
@@ -249,6 +265,7 @@ def resolve_paths(spec: ReleaseSpec, base: Path) -> ReleaseSpec:
 
     data = spec.model_dump()
     data["source"]["path"] = absolute(data["source"]["path"])
+    data["output_dir"] = absolute(data["output_dir"])
     for quasi in data["roles"]["k_quasi"]:
         if isinstance(quasi["hierarchy"], str):
             quasi["hierarchy"] = absolute(quasi["hierarchy"])

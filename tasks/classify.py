@@ -2,19 +2,33 @@
 
 This is the gate before any budget is touched: everything the later stages would refuse about the
 *shape* of the data (unknown or unroled columns, non-numeric or non-finite ε-quasis, missing values in
-a quasi-identifier, k larger than the table) is refused here, so a bad input never reserves ε.
+a quasi-identifier, a type data.csv cannot carry, k larger than the table) is refused here, so a bad
+input never reserves ε.
+
+It is also where the spec, not a parser, decides what the values mean, role by role. A value is
+missing when it is a CSV cell whose exact text is listed in ``source.missing`` (default: the empty
+cell) or a Parquet null. Then:
+
+* k-quasi: missing values are refused; every other value is its exact text (a typed Parquet value
+  its ``data.csv`` text), matched against the hierarchy's leaves as text and generalised as text;
+* ε-quasi: missing values are refused; the values are parsed as numbers, strictly (``parse_numbers``),
+  and become float64 — the only column ever converted;
+* sensitive: published as read; a missing CSV cell becomes a null (an empty cell in data.csv, a null
+  in data.parquet), a Parquet column keeps its type.
 """
 
 from dataclasses import dataclass
 
 import numpy as np
 import pandas as pd
+from pyarrow import types as pa_types
 from prefect import task
 from prefect.cache_policies import NO_CACHE
 
-from kepsilon.flows.spec import ReleaseSpec, Roles
+from kepsilon.flows.spec import ReleaseSpec, Roles, SourceFormat
 
 from .errors import InputError, SpecError
+from .values import arrow_type, cell_texts, parse_numbers, unpublishable_reason
 
 
 @dataclass(frozen=True)
@@ -69,25 +83,80 @@ def check_e_quasi_bounds(frame: pd.DataFrame, quasi) -> None:
         )
 
 
-def check_k_quasi_values(frame: pd.DataFrame, column: str) -> None:
+def check_k_quasi_values(frame: pd.DataFrame, column: str, missing: np.ndarray | None = None) -> None:
     """A k-quasi may not be missing: an absent value cannot be generalised or grouped honestly."""
-    missing = int(frame[column].isna().sum())
-    if missing:
-        raise InputError(column, f"k-quasi has {missing} missing value(s); fill or remove them before release")
+    absent = frame[column].isna().to_numpy(dtype=bool) if missing is None else missing
+    if absent.any():
+        raise InputError(
+            column, f"k-quasi has {int(absent.sum())} missing value(s); fill or remove them before release"
+        )
+
+
+def missing_values(values: pd.Series, missing_texts: list[str] | None) -> np.ndarray:
+    """Which values are missing: a null, or (CSV) a cell whose exact text the spec lists as missing."""
+    absent = values.isna().to_numpy(dtype=bool, copy=True)
+    if missing_texts is not None and not isinstance(values.dtype, pd.ArrowDtype):
+        absent |= values.isin(missing_texts).to_numpy(dtype=bool)
+    return absent
+
+
+def k_quasi_texts(values: pd.Series) -> pd.Series:
+    """A k-quasi as text: CSV cells as they are, typed (Parquet) values as data.csv writes them."""
+    if arrow_type(values.dtype) is None and isinstance(values.dtype, pd.StringDtype):
+        return values
+    return pd.Series(pd.array(cell_texts(values), dtype=str), index=values.index, name=values.name)
+
+
+def e_quasi_numbers(values: pd.Series, column: str) -> pd.Series:
+    """An ε-quasi as float64: text parsed strictly, a numeric (not boolean) column converted.
+
+    The caller has refused missing values. Non-finite numbers are left for ``check_e_quasi_values``.
+    """
+    if isinstance(values.dtype, pd.StringDtype) or values.dtype == object or _is_arrow_text(values.dtype):
+        return pd.Series(parse_numbers(values, column), index=values.index, name=values.name)
+    if pd.api.types.is_bool_dtype(values.dtype) or not pd.api.types.is_numeric_dtype(values.dtype):
+        raise InputError(column, "ε-quasi values must be numeric; the column holds non-numeric values")
+    return pd.Series(values.to_numpy(dtype=np.float64, na_value=np.nan), index=values.index, name=values.name)
+
+
+def _is_arrow_text(dtype) -> bool:
+    data_type = arrow_type(dtype)
+    return data_type is not None and (pa_types.is_string(data_type) or pa_types.is_large_string(data_type))
 
 
 def classify(frame: pd.DataFrame, spec: ReleaseSpec) -> ClassifiedTable:
-    """Apply the spec's roles: validate the columns, drop the explicit identifiers."""
+    """Apply the spec's roles: validate the columns, decide what is missing and what is a number per
+    role (module docstring), drop the explicit identifiers."""
     check_roles([str(c) for c in frame.columns], spec.roles)
     names = spec.roles.names()
+    missing_texts = list(spec.source.missing) if _is_csv(spec) else None
+    frame = frame.drop(columns=names["explicit"])
     for column in names["k_quasi"]:
-        check_k_quasi_values(frame, column)
+        check_k_quasi_values(frame, column, missing_values(frame[column], missing_texts))
+        frame[column] = k_quasi_texts(frame[column])
     for quasi in spec.roles.e_quasi:
+        absent = int(missing_values(frame[quasi.column], missing_texts).sum())
+        if absent:
+            raise InputError(quasi.column, f"ε-quasi values must be finite; {absent} record(s) are missing")
+        frame[quasi.column] = e_quasi_numbers(frame[quasi.column], quasi.column)
         check_e_quasi_values(frame, quasi.column)
         check_e_quasi_bounds(frame, quasi)
+    for column in names["sensitive"]:
+        reason = unpublishable_reason(frame[column].dtype)
+        if reason:
+            raise InputError(column, f"{reason}; release it in another type or remove it (role explicit)")
+        if missing_texts is not None and isinstance(frame[column].dtype, pd.StringDtype):
+            frame[column] = frame[column].mask(missing_values(frame[column], missing_texts))
     if spec.k > len(frame):
         raise SpecError("k", f"k = {spec.k} is larger than the table ({len(frame)} records)")
-    return ClassifiedTable(frame=frame.drop(columns=names["explicit"]), roles=names)
+    return ClassifiedTable(frame=frame, roles=names)
+
+
+def _is_csv(spec: ReleaseSpec) -> bool:
+    try:
+        return spec.source.resolved_format() is SourceFormat.csv
+    except SpecError:
+        return True
 
 
 @task(name="classify", cache_policy=NO_CACHE, persist_result=False)

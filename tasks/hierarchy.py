@@ -4,14 +4,20 @@ File format (the common one of anonymisation tools): one row per leaf value, one
 `;`-separated, no header. Level 0 is the raw value, level h-1 is usually `*`:
 ``1977;1976-1977;1976-1979;1976-1983;*``.
 
-Values are matched to leaves by their string form, so a year read as the integer 1977 matches the leaf
-``1977``. Leaves keep the order of the file; that order is what Mondrian and OLA use to encode a
+The file is read as text, exactly as a CSV source is (a UTF-8 byte-order mark is dropped, quoted
+entries may hold ``;`` or line breaks): values are matched to leaves as text, so the leaves ``007``,
+``NA`` and ``TRUE`` match the data cells ``007``, ``NA`` and ``TRUE`` and nothing else. ``classify``
+hands every k-quasi on as text; a typed value (an integer from Parquet, or one given to the engine
+directly) is matched by its string form, so the integer 1977 matches the leaf ``1977``.
+
+Leaves keep the order of the file; that order is what Mondrian and OLA use to encode a
 categorical column as integers (siblings are adjacent in well-made hierarchies, so median cuts on
 the order tend to respect the hierarchy).
 """
 
 import csv
 import hashlib
+import io
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -72,7 +78,8 @@ def load_hierarchy(path: str | Path, column: str) -> Hierarchy:
         text = raw.decode("utf-8")
     except UnicodeDecodeError:
         raise HierarchyError(column, f"hierarchy file {str(path)!r} is not UTF-8 text") from None
-    rows = [row for row in csv.reader(text.splitlines(), delimiter=";") if row]
+    text = text.removeprefix("\ufeff")  # spreadsheet programs write a byte-order mark
+    rows = [row for row in csv.reader(io.StringIO(text, newline=""), delimiter=";") if row]
     if not rows:
         raise HierarchyError(column, f"hierarchy file {str(path)!r} is empty")
     widths = {len(row) for row in rows}

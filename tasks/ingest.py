@@ -2,6 +2,13 @@
 
 The SHA-256 is taken over the exact bytes that are parsed, so the audit record names the file that
 produced the release even if it is replaced afterwards.
+
+Nothing is guessed here. A CSV is read as text: every cell is the exact string between its
+delimiters (no NA words, no numbers, no booleans), so ``NA``, ``007`` and ``9007199254740993`` stay
+what they are; which cells are missing and which columns are numbers is decided per role by
+``classify`` from the spec. A Parquet file keeps its Arrow schema: every column is held as a pandas
+``ArrowDtype`` over the Arrow data (nullable integers, NaN distinct from null, dictionaries, decimals,
+dates, timestamps with their time zone).
 """
 
 import csv
@@ -12,6 +19,7 @@ from pathlib import Path
 
 import pandas as pd
 import pyarrow as pa
+import pyarrow.parquet as pq
 from pyarrow import csv as arrow_csv
 from prefect import task
 from prefect.cache_policies import NO_CACHE
@@ -56,11 +64,19 @@ def read_source(source: SourceSpec) -> SourceTable:
     return SourceTable(frame=frame, sha256=digest, rows=len(frame))
 
 
+_BOM = "\ufeff"
+
+
 def _parse_csv(raw: bytes, source: SourceSpec) -> pd.DataFrame:
+    """Every cell as its exact text (``str`` dtype); no cell is missing or converted here."""
     try:
         text = raw.decode("utf-8")
     except UnicodeDecodeError as exc:
         raise InputError(None, f"the file is not UTF-8 text (first bad byte at offset {exc.start})") from None
+    # Spreadsheet programs start a UTF-8 CSV with a byte-order mark; it is not part of the first name.
+    if text.startswith(_BOM):
+        text = text[len(_BOM) :]
+        raw = raw[len(_BOM.encode("utf-8")) :]
     header = None if not source.header else _header(text, source.delimiter)
     names = header if header is not None else list(source.columns or [])
     _refuse_duplicates(names)
@@ -73,6 +89,9 @@ def _parse_csv(raw: bytes, source: SourceSpec) -> pd.DataFrame:
             skiprows=1 if source.header else 0,
             on_bad_lines="error",
             skip_blank_lines=True,
+            dtype=str,
+            keep_default_na=False,
+            na_filter=False,
         )
     except pd.errors.ParserError as exc:
         # pandas' message gives a line number and field counts, never a value.
@@ -128,12 +147,18 @@ def _refuse_duplicates(names: list[str]) -> None:
 
 
 def _parse_parquet(raw: bytes) -> pd.DataFrame:
+    """The Parquet table with its Arrow types kept: each column an ``ArrowDtype`` over the Arrow data.
+
+    ``types_mapper`` takes precedence over pandas' own metadata, so a dictionary column stays a
+    dictionary (not a Categorical) and a nullable integer stays an integer (not a float).
+    """
     try:
-        frame = pd.read_parquet(io.BytesIO(raw))
+        table = pq.read_table(io.BytesIO(raw))
+        frame = table.to_pandas(types_mapper=pd.ArrowDtype)
     except Exception as exc:  # pyarrow raises many types; none carries data values worth keeping
         raise InputError(None, f"not a readable Parquet file ({type(exc).__name__})") from None
     _refuse_duplicates([str(c) for c in frame.columns])
-    return frame
+    return frame.reset_index(drop=True)
 
 
 @task(name="ingest", cache_policy=NO_CACHE, persist_result=False)

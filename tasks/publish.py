@@ -5,6 +5,11 @@ written under a temporary name in the same folder, flushed to disk and renamed o
 so a reader never sees a half-written file. The manifest goes last: its presence means the release is
 complete, and it carries the SHA-256 of both data files.
 
+Values leave as they came. ``data.csv`` holds each cell's text (``values.cell_texts``): text exactly
+as read, quoted where a CSV reader would otherwise split or merge it; ``data.parquet`` holds every
+column in its published type (``values.published_type``): text as ``large_string``, the noisy
+ε-quasis as ``double``, a column read from Parquet in the Arrow type it was read with.
+
 A published release is immutable: publishing another logical release (another idempotency key) under
 a release id that already has a manifest is refused. Re-publishing the same logical release (a rerun
 after a crash) rewrites byte-identical files.
@@ -20,6 +25,8 @@ from pathlib import Path
 
 import numpy as np
 import pandas as pd
+import pyarrow as pa
+import pyarrow.parquet as pq
 from prefect import task
 from prefect.cache_policies import NO_CACHE
 
@@ -27,6 +34,7 @@ from kepsilon.faults import fault_point
 
 from .errors import KepsilonError
 from .k_anonymise import published_labels
+from .values import cell_texts, csv_encoding, published_type
 
 DATA_CSV = "data.csv"
 DATA_PARQUET = "data.parquet"
@@ -87,14 +95,86 @@ def check_publishable(directory: Path, outputs: dict[str, str]) -> None:
 
 
 def csv_bytes(frame: pd.DataFrame) -> bytes:
-    """The CSV form of the release: comma-separated, header, floats at full precision (grid values are exact)."""
-    return frame.to_csv(index=False, lineterminator="\n").encode("utf-8")
+    """The CSV form of the release: comma-separated, a header, ``\n`` after every record, UTF-8.
+
+    Each cell is its text (``cell_texts``; floats at full precision, grid values are exact), written
+    byte for byte. A cell is quoted (RFC 4180: in ``"``, inner ``"`` doubled) when it holds a comma, a
+    quote, ``\n`` or ``\r`` — Python's csv writer, which pandas uses, leaves a lone ``\r`` unquoted, and
+    a reader then ends the record there. A missing value is an empty cell; a record that is one empty
+    cell is written ``""`` so it is not a blank line.
+    """
+    columns = [[_csv_field(text) for text in cell_texts(frame[name])] for name in frame.columns]
+    header = ",".join(_csv_field(str(name)) for name in frame.columns)
+    if len(frame.columns) == 1:
+        columns = [[field or '""' for field in columns[0]]]
+    records = [",".join(fields) for fields in zip(*columns)]
+    return ("\n".join([header, *records]) + "\n").encode("utf-8")
+
+
+def _csv_field(text: str | None) -> str:
+    if text is None:
+        return ""
+    if any(special in text for special in (",", '"', "\n", "\r")):
+        return '"' + text.replace('"', '""') + '"'
+    return text
 
 
 def parquet_bytes(frame: pd.DataFrame) -> bytes:
+    """The Parquet form of the release: each column in its published type (``published_type``).
+
+    A dictionary column is re-encoded over the published values only (``_compact_dictionary``): the
+    source's dictionary may list values that only suppressed or unpublished records hold.
+    """
+    schema = pa.schema([pa.field(str(name), published_type(frame[name])) for name in frame.columns])
+    table = pa.Table.from_pandas(frame, schema=schema, preserve_index=False)
+    for position, field in enumerate(table.schema):
+        if pa.types.is_dictionary(field.type):
+            table = table.set_column(position, field, _compact_dictionary(table.column(position), field.type))
     buffer = io.BytesIO()
-    frame.to_parquet(buffer, index=False, engine="pyarrow")
+    pq.write_table(table, buffer)
     return buffer.getvalue()
+
+
+def _compact_dictionary(column: pa.ChunkedArray, data_type: pa.DictionaryType) -> pa.Array:
+    """The column over a dictionary of the values it holds, in the same Arrow type.
+
+    Unordered: entries in order of first appearance in the published (shuffled) records, so the
+    dictionary says nothing about the source's order. Ordered: the source's order, which is the
+    declared meaning of the categories, restricted to the values published.
+    """
+    array = column.combine_chunks() if column.num_chunks != 1 else column.chunk(0)
+    if not data_type.ordered:
+        return array.dictionary_decode().dictionary_encode().cast(data_type)
+    indices = array.indices.to_numpy(zero_copy_only=False)
+    valid = array.is_valid().to_numpy(zero_copy_only=False)
+    used = np.zeros(len(array.dictionary), dtype=bool)
+    used[indices[valid].astype(np.int64)] = True
+    new_index = np.cumsum(used) - 1
+    remapped = pa.array(
+        np.where(valid, new_index[np.where(valid, indices, 0).astype(np.int64)], 0),
+        type=data_type.index_type,
+        mask=~valid,
+    )
+    return pa.DictionaryArray.from_arrays(remapped, array.dictionary.filter(pa.array(used)), ordered=True)
+
+
+def published_columns(frame: pd.DataFrame, roles: dict[str, list[str]]) -> dict:
+    """Each published column's role and published type, for the public manifest.
+
+    The type is the column's dtype read from the source's declared schema (text for a CSV), or the
+    type the method gives it (k-quasi labels are text, noisy ε-quasis ``double``): it is read from
+    no record, so it cannot depend on a suppressed one. ``csv_encoding`` names how data.csv writes a
+    column whose text is not the value itself (base64 for bytes).
+    """
+    role_of = {column: role for role, columns in roles.items() for column in columns}
+    described = {}
+    for name in frame.columns:
+        entry = {"role": role_of[name], "type": str(published_type(frame[name]))}
+        encoding = csv_encoding(frame[name].dtype)
+        if encoding:
+            entry["csv_encoding"] = encoding
+        described[str(name)] = entry
+    return described
 
 
 def write_atomically(path: Path, content: bytes) -> str:
@@ -183,13 +263,15 @@ def assemble_release(
     """
     columns = [c for c in kept.columns if c not in set(roles["explicit"])]
     merged = pd.DataFrame(index=kept.index)
+    # ``.array`` keeps each column's dtype (text, or the Arrow type read from Parquet); ``to_numpy``
+    # would turn nullable integers into floats and typed values into Python objects.
     for column in columns:
         if column in roles["k_quasi"]:
-            merged[column] = released_quasis[column].to_numpy()
+            merged[column] = released_quasis[column].array
         elif column in roles["e_quasi"]:
             merged[column] = noisy[column].to_numpy()
         else:
-            merged[column] = kept[column].to_numpy()
+            merged[column] = kept[column].array
     shuffled = shuffle_records(merged, order)
     return shuffled[~removed[order]].reset_index(drop=True)
 

@@ -272,6 +272,15 @@ def test_the_public_manifest_holds_only_public_fields(store, synthetic_spec_dict
     for private_figure in ["predicted_relative_error", "measured", "linking_risk", "mean_scale", "clamped", "zero_"]:
         assert private_figure not in json.dumps(public)
     assert "unprotected_statistics" not in public
+    # Each published column with its role and published type; nothing else, no identifier.
+    assert public["columns"] == {
+        **{c: {"role": "k_quasi", "type": "large_string"} for c in ["YOB", "GENDER", "RACE", "MARITAL_STATUS"]},
+        "HEIGHT": {"role": "e_quasi", "type": "double"},
+        **{c: {"role": "sensitive", "type": "large_string"} for c in ["RELIGION", "ICD"]},
+    }
+    assert list(pd.read_csv(directory / "data.csv", nrows=1).columns) == [
+        c for c in pd.read_csv(synthetic_spec_dict["source"]["path"], sep=";", nrows=1).columns if c in public["columns"]
+    ]
 
 
 def test_a_statistic_opted_in_is_published_as_unprotected(store, synthetic_spec_dict):

@@ -1,0 +1,139 @@
+"""Values as read: the text form of a cell, the type a column is published with, strict numbers.
+
+kepsilon never guesses what a value means. A CSV cell is the exact text between its delimiters; a
+Parquet column keeps its Arrow type. Only the spec decides that a value is missing (``source.missing``
+for CSV, a null for Parquet) or numeric (an ε-quasi). This module holds the few rules that turn typed
+values into text and back, so that ingest, classify, the hierarchies and publish apply the same ones:
+
+* ``cell_texts``: the text of every cell as ``data.csv`` writes it (``None`` for a missing value). It
+  is also the text a typed k-quasi is matched against its hierarchy's leaves with.
+* ``published_type``: the Arrow type a column is written with in ``data.parquet``, decided by the
+  column's dtype alone (never by its values), so the manifest can name it without reading any record.
+* ``parse_numbers``: an ε-quasi's text as numbers, strictly.
+"""
+
+import base64
+import re
+
+import numpy as np
+import pandas as pd
+import pyarrow as pa
+import pyarrow.compute as pc
+
+from .errors import InputError
+
+BASE64 = "base64"
+
+# A decimal number written plainly: optional sign, ASCII digits, optional fraction and exponent.
+# Nothing else: no spaces, no thousands separators, no underscores, no nan/inf, no hexadecimal.
+_NUMBER = re.compile(r"[+-]?(?:[0-9]+(?:\.[0-9]*)?|\.[0-9]+)(?:[eE][+-]?[0-9]+)?")
+
+
+def arrow_type(dtype) -> pa.DataType | None:
+    """The Arrow type behind a pandas dtype read from Parquet (``None`` for a NumPy or text dtype)."""
+    return dtype.pyarrow_dtype if isinstance(dtype, pd.ArrowDtype) else None
+
+
+def _is_binary(data_type: pa.DataType) -> bool:
+    return pa.types.is_binary(data_type) or pa.types.is_large_binary(data_type) or pa.types.is_fixed_size_binary(data_type)
+
+
+def _value_type(data_type: pa.DataType) -> pa.DataType:
+    """The values' type: a dictionary column is rendered as its values are."""
+    return data_type.value_type if pa.types.is_dictionary(data_type) else data_type
+
+
+def csv_encoding(dtype) -> str | None:
+    """How ``data.csv`` encodes the column when its text is not the value itself: ``base64`` for bytes."""
+    data_type = arrow_type(dtype)
+    if data_type is not None and _is_binary(_value_type(data_type)):
+        return BASE64
+    return None
+
+
+def unpublishable_reason(dtype) -> str | None:
+    """Why a column of this dtype cannot be published exactly in ``data.csv`` (``None`` if it can).
+
+    Nested Arrow types (lists, structs, maps, unions) have no one text form a CSV reader would give
+    back; they are refused rather than written in a form nobody declared.
+    """
+    data_type = arrow_type(dtype)
+    if data_type is None:
+        return None
+    value_type = _value_type(data_type)
+    if pa.types.is_nested(value_type) or pa.types.is_union(value_type) or pa.types.is_dictionary(value_type):
+        return f"has the Arrow type {value_type}, which data.csv cannot carry exactly"
+    return None
+
+
+def cell_texts(series: pd.Series) -> np.ndarray:
+    """Each cell's text as ``data.csv`` writes it; ``None`` where the value is missing (an empty cell).
+
+    Text is written as it is. Typed values (from Parquet) use Arrow's own text cast: integers and
+    decimals as their digits (a decimal at its scale, ``12.30``), dates ``YYYY-MM-DD``, timestamps
+    ``YYYY-MM-DD hh:mm:ss`` with the fraction of their unit and, with a time zone, the local time and
+    its ``±hhmm`` offset, booleans ``true``/``false``; bytes as base64 (``csv_encoding``). Floats are
+    written as their shortest round-trip decimal (``nan``, ``inf`` and ``-inf`` included), which is how
+    pandas wrote them before; a NumPy float NaN is a missing value (NumPy cannot tell NaN from null).
+    """
+    data_type = arrow_type(series.dtype)
+    if data_type is not None:
+        return _arrow_texts(pa.chunked_array(pa.array(series.array)).combine_chunks(), data_type)
+    if series.dtype.kind == "f":
+        texts = np.asarray(series.to_numpy()).astype(str).astype(object)
+        texts[series.isna().to_numpy()] = None
+        return texts
+    if series.dtype.kind in "iub":
+        return np.asarray(series.to_numpy()).astype(str).astype(object)
+    values = series.to_numpy(dtype=object, na_value=None)
+    return np.array([None if value is None else str(value) for value in values], dtype=object)
+
+
+def _arrow_texts(array: pa.Array, data_type: pa.DataType) -> np.ndarray:
+    if pa.types.is_dictionary(data_type):
+        array = array.dictionary_decode()
+        data_type = data_type.value_type
+    if pa.types.is_string(data_type) or pa.types.is_large_string(data_type) or pa.types.is_string_view(data_type):
+        return np.array(array.to_pylist(), dtype=object)
+    if _is_binary(data_type):
+        return np.array(
+            [None if value is None else base64.b64encode(value).decode("ascii") for value in array.to_pylist()],
+            dtype=object,
+        )
+    if pa.types.is_floating(data_type):
+        numbers = array.to_numpy(zero_copy_only=False)
+        texts = numbers.astype(str).astype(object)
+        texts[array.is_null().to_numpy(zero_copy_only=False)] = None
+        return texts
+    return np.array(pc.cast(array, pa.string()).to_pylist(), dtype=object)
+
+
+def published_type(series: pd.Series) -> pa.DataType:
+    """The Arrow type ``data.parquet`` gives the column: read from its dtype, never from its values.
+
+    Text (CSV cells, k-quasi labels) is ``large_string``; an ε-quasi's noisy values ``double``; a
+    column read from Parquet keeps the type it was read with.
+    """
+    data_type = arrow_type(series.dtype)
+    if data_type is not None:
+        return data_type
+    if isinstance(series.dtype, pd.StringDtype) or series.dtype == object:
+        return pa.large_string()
+    return pa.from_numpy_dtype(series.dtype)
+
+
+def parse_numbers(texts: pd.Series, column: str) -> np.ndarray:
+    """An ε-quasi's texts as float64, strictly: every value must be a plain decimal number.
+
+    Refused with an ``InputError`` naming the column and counting the values that are not numbers
+    (never quoting them); the caller has already refused missing values.
+    """
+    strings = texts.astype(str)
+    parses = strings.str.fullmatch(_NUMBER.pattern).to_numpy(dtype=bool, na_value=False)
+    if not parses.all():
+        raise InputError(
+            column,
+            f"ε-quasi values must be plain decimal numbers; {int((~parses).sum())} record(s) are not "
+            "(digits, an optional sign, point and exponent; nothing else)",
+        )
+    return strings.to_numpy(dtype=object).astype(np.float64)
