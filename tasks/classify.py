@@ -131,6 +131,10 @@ def classify(frame: pd.DataFrame, spec: ReleaseSpec) -> ClassifiedTable:
     names = spec.roles.names()
     missing_texts = list(spec.source.missing) if _is_csv(spec) else None
     frame = frame.drop(columns=names["explicit"])
+    for column in [*names["k_quasi"], *names["sensitive"]]:
+        reason = unpublishable_reason(frame[column].dtype)
+        if reason:
+            raise InputError(column, f"{reason}; release it in another type or remove it (role explicit)")
     for column in names["k_quasi"]:
         check_k_quasi_values(frame, column, missing_values(frame[column], missing_texts))
         frame[column] = k_quasi_texts(frame[column])
@@ -142,9 +146,6 @@ def classify(frame: pd.DataFrame, spec: ReleaseSpec) -> ClassifiedTable:
         check_e_quasi_values(frame, quasi.column)
         check_e_quasi_bounds(frame, quasi)
     for column in names["sensitive"]:
-        reason = unpublishable_reason(frame[column].dtype)
-        if reason:
-            raise InputError(column, f"{reason}; release it in another type or remove it (role explicit)")
         if missing_texts is not None and isinstance(frame[column].dtype, pd.StringDtype):
             frame[column] = frame[column].mask(missing_values(frame[column], missing_texts))
     if spec.k > len(frame):

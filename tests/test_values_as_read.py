@@ -247,6 +247,11 @@ def test_a_type_csv_cannot_carry_is_refused_by_column(tmp_path):
     with pytest.raises(InputError, match="'L'.*list<.*cannot carry") as raised:
         classify(read_source(spec.source).frame, spec)
     assert "2, 3" not in str(raised.value)
+    as_k_quasi = spec.model_dump(mode="json")
+    as_k_quasi["roles"]["sensitive"].remove("L")
+    as_k_quasi["roles"]["k_quasi"].append({"column": "L", "hierarchy": as_k_quasi["roles"]["k_quasi"][0]["hierarchy"]})
+    with pytest.raises(InputError, match="'L'.*cannot carry"):
+        classify(read_source(spec.source).frame, parse_spec(as_k_quasi))
 
 
 def test_a_dictionary_lists_only_published_values_and_types_do_not_depend_on_records():
