@@ -35,7 +35,7 @@ import sqlite_utils
 from .chain import verify_chain
 from .errors import VERIFY_HINT, StoreCompromised, error_label, sqlite_cause
 from .headlog import LoggedHead, head_log_path, read_heads
-from .store import BUSY_TIMEOUT_MS, GENESIS_HASH, database_file
+from .store import GENESIS_HASH, busy_timeout_ms, database_file
 
 __all__ = ["Inspection", "StoreCompromised", "check_store", "inspect_store"]
 
@@ -108,7 +108,7 @@ def inspect_store(
             _compare_with_log(None, 0, heads, log_path, inspection)
             return inspection
         try:
-            conn = sqlite3.connect(str(path), timeout=BUSY_TIMEOUT_MS / 1000)
+            conn = sqlite3.connect(str(path), timeout=busy_timeout_ms() / 1000)
         except sqlite3.Error as error:
             inspection.problems.append(f"the file cannot be opened ({error_label(error)})")
             return inspection
@@ -170,7 +170,7 @@ def _inspect_snapshot(conn, inspection: Inspection, heads, log_path, checkpoint)
 def _integrity_check(store: str) -> list[str]:
     """``_integrity_problems`` on a connection of its own, so it can run in a thread."""
     try:
-        conn = sqlite3.connect(store, timeout=BUSY_TIMEOUT_MS / 1000)
+        conn = sqlite3.connect(store, timeout=busy_timeout_ms() / 1000)
     except sqlite3.Error as error:
         return [f"the file cannot be opened ({error_label(error)})"]
     try:

@@ -39,6 +39,8 @@ DEFAULT_PATH = "audit.db"
 ENV_PATH = "KEPSILON_AUDIT_DB"
 # Long enough for 16+ processes queueing on BEGIN IMMEDIATE; each transaction lasts milliseconds.
 BUSY_TIMEOUT_MS = 60_000
+# Seconds; a deployment (or a test) may shorten or lengthen the wait for another writer's lock.
+ENV_BUSY_TIMEOUT = "KEPSILON_AUDIT_BUSY_TIMEOUT"
 # A wait for the write lock longer than this is said out loud: a silent minute looks like a hang.
 LOCK_NOTICE_MS = 2_000
 
@@ -281,6 +283,20 @@ def _advice_events(db: sqlite_utils.Database) -> None:
     _append_only(db, "advice_events")
 
 
+def busy_timeout_ms() -> int:
+    """How long a write waits for another writer's lock: env KEPSILON_AUDIT_BUSY_TIMEOUT (seconds), else 60 s."""
+    raw = os.environ.get(ENV_BUSY_TIMEOUT)
+    if not raw:
+        return BUSY_TIMEOUT_MS
+    try:
+        seconds = float(raw)
+    except ValueError:
+        raise SpecError(ENV_BUSY_TIMEOUT, "must be a number of seconds") from None
+    if not seconds > 0 or seconds != seconds or seconds == float("inf"):
+        raise SpecError(ENV_BUSY_TIMEOUT, "must be a positive, finite number of seconds")
+    return max(int(seconds * 1000), 1)
+
+
 def store_path(path: str | Path | None = None) -> Path:
     """The store's file: ``path``, else env KEPSILON_AUDIT_DB, else ./audit.db."""
     if path is not None:
@@ -306,12 +322,12 @@ def open_store(path: str | Path | None = None) -> sqlite_utils.Database:
             f"audit store {str(target)!r}: its directory cannot be created ({type(error).__name__})"
         ) from None
     try:
-        conn = sqlite3.connect(str(target), timeout=BUSY_TIMEOUT_MS / 1000)
+        conn = sqlite3.connect(str(target), timeout=busy_timeout_ms() / 1000)
     except sqlite3.Error as error:
         raise unavailable(str(target), error, "open") from None
     db = sqlite_utils.Database(conn)
     try:
-        db.execute(f"PRAGMA busy_timeout = {BUSY_TIMEOUT_MS}")
+        db.execute(f"PRAGMA busy_timeout = {busy_timeout_ms()}")
         db.execute("PRAGMA foreign_keys = ON")
         db.execute("PRAGMA synchronous = FULL")
         db.enable_wal()
@@ -361,7 +377,8 @@ def write_transaction(db: sqlite_utils.Database) -> Iterator[sqlite3.Connection]
 
 def _begin_immediate(conn: sqlite3.Connection) -> None:
     """``BEGIN IMMEDIATE``, saying so when the lock is not free within ``LOCK_NOTICE_MS``."""
-    notice = min(LOCK_NOTICE_MS, BUSY_TIMEOUT_MS)
+    timeout = busy_timeout_ms()
+    notice = min(LOCK_NOTICE_MS, timeout)
     started = time.monotonic()
     try:
         conn.execute(f"PRAGMA busy_timeout = {notice}")
@@ -369,9 +386,9 @@ def _begin_immediate(conn: sqlite3.Connection) -> None:
             conn.execute("BEGIN IMMEDIATE")
             return
         except sqlite3.OperationalError as error:
-            if not _is_busy(error) or notice >= BUSY_TIMEOUT_MS:
+            if not _is_busy(error) or notice >= timeout:
                 raise _lock_error(conn, error, started) from None
-        left_ms = max(BUSY_TIMEOUT_MS - int((time.monotonic() - started) * 1000), 1)
+        left_ms = max(timeout - int((time.monotonic() - started) * 1000), 1)
         log.warning(
             "waiting for the audit store lock (%s is being written by another process); "
             "will wait up to %.0f s more",
@@ -385,7 +402,7 @@ def _begin_immediate(conn: sqlite3.Connection) -> None:
             raise _lock_error(conn, error, started) from None
     finally:
         with contextlib.suppress(sqlite3.Error):
-            conn.execute(f"PRAGMA busy_timeout = {BUSY_TIMEOUT_MS}")
+            conn.execute(f"PRAGMA busy_timeout = {timeout}")
 
 
 def _is_busy(error: sqlite3.Error) -> bool:

@@ -1,11 +1,15 @@
 """The ``governed-release`` flow: one (k,ε)-anonymised release, from spec to published files and audit record.
 
-ingest → classify → k-anonymise → (approve, verify the store, reserve ε) → perturb → suppress → label →
-validate → publish → record
+ingest → (verify the store; already published?) → classify → k-anonymise → check the output folder →
+approve → reserve ε → perturb → suppress → label → validate → stage → record → rename into place
 
-Nothing is published unless every check passes, and no ε is reserved until the input has passed
-every check that does not need noise. Data moves between tasks in memory only: every task here is
-``NO_CACHE`` and ``persist_result=False``, and the flow's only parameter is the spec (no data, no seed).
+Nothing is published unless every check passes, and no ε is reserved until every check that does not
+need noise has passed: input, release id, output folder, approval, store. The files are staged under a
+hidden name and renamed to the release's final name only after its audit record is committed, so a
+folder under a release's name always has its record. Every failure after the reservation, of any
+type, is recorded (class and message, never a value) and ends in ``ReleaseFailed``. A rerun of a
+published release does nothing but say where it is. Data moves between tasks in memory only: every
+task here is ``NO_CACHE`` and ``persist_result=False``, and the flow's only parameter is the spec.
 """
 
 import getpass
@@ -19,13 +23,14 @@ from kepsilon.flows.manifest import base_manifest, idempotency_key, public_manif
 from kepsilon.flows.report import guarantee_statement, publish_figure_artifact, publish_report_artifacts
 from kepsilon.flows.spec import ReleaseSpec
 from kepsilon.tasks.classify import classify_attributes
-from kepsilon.tasks.errors import ValidationFailed
+from kepsilon.tasks.errors import KepsilonError, ReleaseFailed, ValidationFailed, describe_failure
 from kepsilon.tasks.ingest import ingest_source
 from kepsilon.tasks.k_anonymise import k_anonymise_records
 from kepsilon.tasks.figures import RELEASE_CAPTIONS, private_report_dir, release_figures, write_figures
 from kepsilon.tasks.metrics import errors_by_class, measure_release
 from kepsilon.tasks.perturb import perturb_records, public_grid
-from kepsilon.tasks.publish import merge_and_shuffle, publish_release, published_columns
+from kepsilon.tasks.preflight import check_output, find_published
+from kepsilon.tasks.publish import merge_and_shuffle, move_into_place, published_columns, stage_release
 from kepsilon.tasks.record import check_approval, record_outcome, reserve_epsilon, store_location, verify_store
 from kepsilon.tasks.suppress import suppress_linkable
 from kepsilon.tasks.validate import check_release
@@ -43,10 +48,11 @@ def governed_release(spec: ReleaseSpec) -> dict:
 
     Two documents come out of a release: the public ``manifest.json`` beside the data (parameters,
     counts, hashes of the outputs, the guarantee) and the private record in the audit store, which
-    adds every figure computed from private values. The returned record is the private one.
+    adds every figure computed from private values. The returned record is the private one; for a
+    release that was already published it is the stored record, marked ``already_published``.
     """
     logger = get_run_logger()
-    spec = spec.for_date(_run_day())
+    spec = spec.for_run(_run_day(), flow_run.name or "run")
     operator = spec.operator or getpass.getuser()
     store = store_location()
     started_at = datetime.now(timezone.utc).isoformat()
@@ -54,6 +60,12 @@ def governed_release(spec: ReleaseSpec) -> dict:
     figures_dir = private_report_dir(spec.release_id, spec.output_dir)  # refused before any work if misplaced
     source = ingest_source(spec.source)
     key = idempotency_key(spec, source.sha256)
+    verify_store(store)
+    done = find_published(store, spec.release_id, key)
+    if done is not None:
+        logger.info("release %s was already published at %s; nothing to do", spec.release_id, done["published_at"])
+        return done
+
     record = base_manifest(spec, source.report(), key)
     record["execution"] = {"flow_run_id": str(flow_run.id), "operator": operator, "started_at": started_at}
     logger.info("release %s: %d records in", spec.release_id, source.rows)
@@ -62,25 +74,23 @@ def governed_release(spec: ReleaseSpec) -> dict:
     partition = k_anonymise_records(table.frame, spec)
     record["anonymiser"] = partition.report
     record["hierarchies"] = partition.report.get("hierarchies", {})
+    output_dir = check_output(spec.output_dir, spec.release_id, _estimate_basis(source, spec))
 
     approval = check_approval(spec, operator, store, record)
     record["approval"] = approval
-    verify_store(store)
     reservation = reserve_epsilon(spec, key, operator, store, record)
     record["budget"] = {"reservation_id": reservation.id, "epsilon_reserved": spec.epsilon, "reused": reservation.reused}
     fault_point("after-reservation")
 
     record["private_figures"] = str(figures_dir)
     try:
-        record, figure_inputs = _perturb_check_publish(spec, key, table, partition, reservation, store, record)
-    except Exception as failure:
-        # ε was reserved (and possibly spent): whatever went wrong, the attempt is recorded.
-        record["failure"] = str(failure)
-        record["failure_class"] = type(failure).__name__
-        record_outcome(record, "failed", reservation.id, store)
-        raise
-    fault_point("before-audit-commit")
-    record_outcome(record, "published", reservation.id, store)
+        record, publication, figure_inputs = _perturb_check_stage(spec, key, table, partition, reservation, store, record, output_dir)
+        fault_point("before-audit-commit")
+        record_outcome(record, "published", reservation.id, store)
+    except BaseException as failure:  # noqa: B036 - ε is reserved: every failure, of any type, is recorded
+        _fail_after_reservation(record, failure, reservation.id, store)
+    fault_point("after-audit-commit")
+    _move_into_place(spec.release_id, publication)
     publish_report_artifacts(record)
     _release_figures(spec, figure_inputs, figures_dir)
     logger.info("release %s published: %d records", spec.release_id, record["rows_published"])
@@ -102,10 +112,58 @@ def _release_figures(spec: ReleaseSpec, inputs: dict, folder) -> None:
         logger.warning("release %s: private figures not made (%s)", spec.release_id, type(failure).__name__)
 
 
-def _perturb_check_publish(spec, key, table, partition, reservation, store, record) -> tuple[dict, dict]:
-    """The stages that run on reserved budget: noise, suppression, labels, checks, publication.
+def _estimate_basis(source, spec) -> int:
+    """Bytes to size the output from: the source file, or for Parquet (compressed) its size in memory."""
+    if spec.source.resolved_format().value == "parquet":
+        return max(source.size, int(source.frame.memory_usage(deep=True).sum()))
+    return source.size
 
-    Returns the private record and what the private figures need (group sizes, per-class errors).
+
+def _fail_after_reservation(record: dict, failure: BaseException, reservation_id: int, store: str) -> None:
+    """Record a failure that came after the reservation, then stop with one clear error.
+
+    The record holds the error's class and a message that quotes no value (``describe_failure``). If
+    the store cannot take the record either (locked, read-only, full), the reservation stands and a
+    rerun of the same release resumes it: the error says so. A project error (a failed check, …) is
+    raised as it is; any other becomes ``ReleaseFailed``; an interrupt stays an interrupt.
+    """
+    reason = describe_failure(failure)
+    record["failure"] = reason.split(": ", 1)[-1]
+    record["failure_class"] = type(failure).__name__
+    release_id = record["release_id"]
+    try:
+        record_outcome(record, "failed", reservation_id, store)
+    except Exception as unrecorded:
+        raise ReleaseFailed(
+            f"release {release_id!r} failed after its ε was reserved ({reason}) and the audit store could not "
+            f"record it ({describe_failure(unrecorded)}); the reservation stands: rerun the same release to resume "
+            "it (same reservation, same noise, no new spend)"
+        ) from None
+    if isinstance(failure, KepsilonError) or not isinstance(failure, Exception):
+        raise failure
+    raise ReleaseFailed(
+        f"release {release_id!r} failed after its ε was reserved ({reason}); recorded as failed "
+        "(`kepsilon audit failures`); rerun the same release to resume its reservation and noise"
+    ) from None
+
+
+def _move_into_place(release_id: str, publication) -> None:
+    """Rename the staged release to its final name; its record is committed already."""
+    try:
+        move_into_place(publication.staging, publication.directory)
+    except Exception as failure:
+        raise ReleaseFailed(
+            f"release {release_id!r} is recorded as published but its folder could not be moved into place "
+            f"({describe_failure(failure)}); it waits, complete, in {str(publication.staging)!r}: rerun the same "
+            "release to finish it (nothing is redrawn or recorded again)"
+        ) from None
+
+
+def _perturb_check_stage(spec, key, table, partition, reservation, store, record, output_dir) -> tuple[dict, object, dict]:
+    """The stages that run on reserved budget: noise, suppression, labels, checks, staging the files.
+
+    Returns the private record, the staged publication, and what the private figures need (group
+    sizes, per-class errors).
     """
     kept = table.frame[partition.kept]
     class_ids = partition.class_ids[partition.kept]
@@ -132,9 +190,9 @@ def _perturb_check_publish(spec, key, table, partition, reservation, store, reco
 
     grids = {q.column: public_grid(q.lower, q.upper, epsilon) for q, epsilon in zip(spec.roles.e_quasi, spec.epsilon_split().values())}
     public = public_manifest(record, spec, grids, guarantee_statement(spec.scale_basis))
-    publication = publish_release(release, public, spec.output_dir)
+    publication = stage_release(release, public, output_dir)
     record.update(publication.report())
     record["output_dir"] = str(publication.directory)
     record["public_manifest"] = {**public, "outputs": dict(publication.outputs)}
     record["execution"]["finished_at"] = datetime.now(timezone.utc).isoformat()
-    return record, figure_inputs
+    return record, publication, figure_inputs

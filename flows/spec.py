@@ -149,8 +149,11 @@ class ReleaseSpec(BaseModel):
     model_config = _STRICT
 
     release_id: str = Field(
-        pattern=r"^[A-Za-z0-9]([A-Za-z0-9._-]|\{date\}){0,127}$",
-        description="names the folder `output_dir/release_id`; `{date}` becomes the run's scheduled date (YYYY-MM-DD)",
+        pattern=r"^[A-Za-z0-9]([A-Za-z0-9._-]|\{date\}|\{run\}){0,127}$",
+        description=(
+            "names the folder `output_dir/release_id`; `{date}` becomes the run's scheduled date (YYYY-MM-DD), "
+            "`{run}` the flow run's name (unique per run)"
+        ),
     )
     population_id: str = Field(min_length=1, description="the set of people whose ε budget this release spends")
     source: SourceSpec
@@ -213,6 +216,16 @@ class ReleaseSpec(BaseModel):
     def for_date(self, day: str) -> "ReleaseSpec":
         """A copy whose release id has ``{date}`` replaced by ``day`` (YYYY-MM-DD)."""
         return self.model_copy(update={"release_id": self.release_id.replace("{date}", day)})
+
+    def for_run(self, day: str, run_name: str) -> "ReleaseSpec":
+        """A copy whose release id has ``{date}`` replaced by ``day`` and ``{run}`` by the flow run's name.
+
+        The run name (Prefect's, e.g. ``clever-fox``) is made safe for a folder name. A form that keeps
+        ``{run}`` gets a fresh release id per run, so a custom run from the UI never collides with a
+        release already published under the day's id.
+        """
+        safe = "".join(c if c.isalnum() or c in "._-" else "-" for c in run_name).strip("-.") or "run"
+        return self.for_date(day).model_copy(update={"release_id": self.release_id.replace("{date}", day).replace("{run}", safe)})
 
 
 def load_spec(path: str | Path, **overrides) -> ReleaseSpec:

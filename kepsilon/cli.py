@@ -4,11 +4,13 @@
     kepsilon advise releases/paper-synthetic.yaml --target-error 0.05 --max-linking-risk 0.1
     kepsilon audit budget paper-synthetic
 
-What ``kepsilon release`` prints: Prefect's run log, then the release summary, or one line
-``release refused: <reason>`` (exit code 2) when the release stops on a KepsilonError — bad spec or
-input, ε over the cap, a failed check, an id already published. A refusal is an answer, not a crash: its
-traceback is kept off the console (``--debug`` shows it). Any other exception is a crash: Prefect's
-traceback stays on the console and the command ends with ``release failed: <error>`` (exit code 1).
+What ``kepsilon release`` prints: Prefect's run log, then the release summary; for a release already
+published, one line saying where (exit code 0, nothing done); one line ``release refused: <reason>``
+(exit code 2) when the release stops on a KepsilonError — bad spec or input, ε over the cap, a failed
+check, an id already published; one line ``release failed: <reason>`` (exit code 2) when it stopped
+after its ε was reserved (recorded, or the line says the reservation stands and a rerun resumes it).
+Tracebacks are kept off the console (``--debug`` shows them). Any other exception is a crash: its
+traceback is printed and the command ends with ``release failed: <error>`` (exit code 1).
 """
 
 import contextlib
@@ -45,13 +47,14 @@ def _mount_audit_commands() -> None:
 
 
 class RefusalTracebacks(logging.Filter):
-    """Console filter: drops Prefect's records of a flow or task run that stopped on a KepsilonError.
+    """Console filter: drops Prefect's records of a flow or task run that stopped on an exception.
 
     Prefect logs every exception that ends a task or flow run at ERROR with its full traceback, twice for
-    an exception raised in a task (once for the task, once for the flow). For a refusal the CLI prints the
-    reason itself, so on the console those records are only noise; they still reach every other handler
-    (the run's logs on a Prefect server). Records of any other exception pass untouched, and the filter
-    remembers their exceptions so the CLI does not print the same traceback a second time.
+    an exception raised in a task (once for the task, once for the flow). When the record is made, it is
+    not yet known whether the flow turns the exception into a recorded failure (an OSError while
+    staging becomes ``ReleaseFailed``) or it is a crash; so the console gets none of them, and the CLI
+    prints the one line, plus the traceback itself for a crash. The records still reach every other
+    handler (the run's logs on a Prefect server).
     """
 
     def __init__(self) -> None:
@@ -59,13 +62,7 @@ class RefusalTracebacks(logging.Filter):
         self.tracebacks_shown: list[BaseException] = []
 
     def filter(self, record: logging.LogRecord) -> bool:
-        exception = record.exc_info[1] if record.exc_info else None
-        if exception is None:
-            return True
-        if isinstance(exception, KepsilonError):
-            return False
-        self.tracebacks_shown.append(exception)
-        return True
+        return not record.exc_info or record.exc_info[1] is None
 
 
 def _console_handlers() -> list[logging.Handler]:
@@ -140,9 +137,12 @@ def _prefect_api() -> Iterator[Optional["LocalServer"]]:  # noqa: F821
 
 
 def _refused(failure: KepsilonError, debug: bool) -> None:
+    from kepsilon.tasks.errors import ReleaseFailed
+
     if debug:
         traceback.print_exception(failure, file=sys.stderr)
-    errors.print(f"[bold red]release refused:[/] {escape(str(failure))}", soft_wrap=True)
+    verdict = "release failed:" if isinstance(failure, ReleaseFailed) else "release refused:"
+    errors.print(f"[bold red]{verdict}[/] {escape(str(failure))}", soft_wrap=True)
     raise typer.Exit(code=2)
 
 
@@ -195,6 +195,14 @@ def release(
         _refused(failure, debug)
     except Exception as failure:
         _crashed(failure, quiet, debug)
+    if manifest.get("already_published"):
+        where = manifest["published_at"] if manifest.get("folder_present") else f"{manifest['published_at']} (folder no longer there)"
+        console.print(
+            f"release {escape(manifest['release_id'])} was already published at {escape(where)}; "
+            "nothing done (no new record, no ε, no noise)",
+            soft_wrap=True,
+        )
+        return
     console.print(summary_table(manifest))
 
 

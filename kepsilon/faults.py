@@ -6,10 +6,11 @@ what survives is exactly what was durable on disk at that moment. The points, in
 
 - ``after-reservation``: ε reserved, no seed drawn yet.
 - ``after-noise``: seed sealed, ε marked spent, noise drawn; nothing staged.
-- ``after-staging``: inside ``write_atomically`` for the first data file: temp file written and
-  fsynced, not yet renamed.
-- ``before-manifest``: data files renamed into place, manifest not yet written.
-- ``before-audit-commit``: release published (manifest written), the audit record not yet appended.
+- ``after-staging``: the first data file written and fsynced in the hidden staging folder.
+- ``before-manifest``: both data files staged, the manifest not yet written.
+- ``before-audit-commit``: the release completely staged (manifest written), its audit record not yet
+  committed; nothing under the release's final name.
+- ``after-audit-commit``: the audit record committed, the staging folder not yet renamed to the final name.
 
 Production never sets the variable; the check costs one dictionary lookup.
 """
@@ -18,7 +19,14 @@ import os
 import signal
 
 ENV_FAULT_AT = "KEPSILON_FAULT_AT"
-FAULT_POINTS = ("after-reservation", "after-noise", "after-staging", "before-manifest", "before-audit-commit")
+FAULT_POINTS = (
+    "after-reservation",
+    "after-noise",
+    "after-staging",
+    "before-manifest",
+    "before-audit-commit",
+    "after-audit-commit",
+)
 
 
 def fault_point(name: str) -> None:

@@ -96,7 +96,7 @@ def rows(db_path: Path, sql: str, params: tuple = ()) -> list[tuple]:
     conn = sqlite3.connect(f"file:{db_path}?mode=ro", uri=True)
     try:
         return conn.execute(sql, params).fetchall()
-    except sqlite3.OperationalError:
+    except sqlite3.DatabaseError:  # missing table, or a store damaged on purpose
         return []
     finally:
         conn.close()
@@ -146,3 +146,32 @@ def reader_view(directory: Path) -> tuple[bool, str]:
 
 def scratch(prefix: str) -> Path:
     return Path(tempfile.mkdtemp(prefix=f"kepsilon-{prefix}-"))
+
+
+def make_unwritable(folder: Path):
+    """Make ``folder`` unwritable even for root (mode 0555, then ``chattr +i`` if that is not enough).
+
+    Returns a function that undoes it, or None when neither works here (the caller then skips).
+    """
+    folder.chmod(0o555)
+
+    def writable() -> bool:
+        probe = folder / ".kepsilon-writable-probe"
+        try:
+            probe.write_text("x")
+        except OSError:
+            return False
+        probe.unlink()
+        return True
+
+    if not writable():
+        return lambda: folder.chmod(0o755)
+    made = subprocess.run(["chattr", "+i", str(folder)], capture_output=True)
+    if made.returncode == 0 and not writable():
+        def undo() -> None:
+            subprocess.run(["chattr", "-i", str(folder)], capture_output=True)
+            folder.chmod(0o755)
+        return undo
+    subprocess.run(["chattr", "-i", str(folder)], capture_output=True)
+    folder.chmod(0o755)
+    return None

@@ -36,6 +36,7 @@ class SourceTable:
     frame: pd.DataFrame
     sha256: str
     rows: int
+    size: int = 0  # bytes of the source file: sizes the output-folder check before ε is reserved
 
     def report(self) -> dict:
         """What the audit record keeps of the source: never its content."""
@@ -61,7 +62,7 @@ def read_source(source: SourceSpec) -> SourceTable:
         frame = _parse_csv(raw, source)
     if frame.empty:
         raise InputError(None, "the table has no records")
-    return SourceTable(frame=frame, sha256=digest, rows=len(frame))
+    return SourceTable(frame=frame, sha256=digest, rows=len(frame), size=len(raw))
 
 
 _BOM = "\ufeff"

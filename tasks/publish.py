@@ -1,25 +1,32 @@
-"""Publish: shuffle the released records and write them atomically with their manifest (method.md §2, steps 6–7).
+"""Publish: shuffle the released records and write them with their manifest (method.md §2, steps 6–7).
 
-Layout: ``<output_dir>/<release_id>/data.csv``, ``data.parquet`` and ``manifest.json``. Each file is
-written under a temporary name in the same folder, flushed to disk and renamed over its final name,
-so a reader never sees a half-written file. The manifest goes last: its presence means the release is
-complete, and it carries the SHA-256 of both data files.
+Layout: ``<output_dir>/<release_id>/data.csv``, ``data.parquet`` and ``manifest.json``. Publication is
+two steps, with the audit record committed between them (``flows/release.py``):
+
+1. ``stage``: the three files are written, flushed and fsynced into a hidden staging folder beside
+   the final one, ``<output_dir>/.<release_id>.staging`` (same file system), manifest last;
+2. ``put_in_place``: once the store holds the release's record, the staging folder is renamed to the
+   release's final name in one atomic step.
+
+So a folder under a release's final name always has its audit record, and a reader never sees a
+half-written release: before the rename there is nothing under that name. A crash before the record
+leaves only the hidden staging folder, which the rerun rebuilds; a crash between record and rename is
+completed by the rerun (``complete_publication``). Files get ordinary read permissions (0666 and
+folders 0777, less the umask: 0644 and 0755 with the usual 022).
 
 Values leave as they came. ``data.csv`` holds each cell's text (``values.cell_texts``): text exactly
 as read, quoted where a CSV reader would otherwise split or merge it; ``data.parquet`` holds every
 column in its published type (``values.published_type``): text as ``large_string``, the noisy
 ε-quasis as ``double``, a column read from Parquet in the Arrow type it was read with.
 
-A published release is immutable: publishing another logical release (another idempotency key) under
-a release id that already has a manifest is refused. Re-publishing the same logical release (a rerun
-after a crash) rewrites byte-identical files.
+A published release is immutable: nothing is staged when its final name already exists.
 """
 
 import hashlib
 import io
 import json
 import os
-import tempfile
+import shutil
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -49,8 +56,9 @@ class AlreadyPublished(KepsilonError):
 class Publication:
     """Where a release was published and the fingerprints of its files."""
 
-    directory: Path
+    directory: Path  # the final folder
     outputs: dict[str, str]  # file name -> SHA-256
+    staging: Path | None = None  # where it is staged until the audit record is committed
 
     def report(self) -> dict:
         return {"directory": str(self.directory), "outputs": dict(self.outputs)}
@@ -72,24 +80,16 @@ def release_directory(output_dir: str | Path, release_id: str) -> Path:
     return Path(output_dir) / release_id
 
 
-def check_publishable(directory: Path, outputs: dict[str, str]) -> None:
-    """Refuse to overwrite a release published under the same id with other content.
+def staging_directory(output_dir: str | Path, release_id: str) -> Path:
+    """The hidden folder a release is staged in: beside the final one, so renaming it is atomic."""
+    return Path(output_dir) / f".{release_id}.staging"
 
-    A rerun of the same logical release re-derives its noise from the sealed seed, so its data files
-    are byte-identical and their hashes match the published manifest's; anything else is another
-    release. (The comparison uses only the public output hashes: the published manifest carries no
-    key derived from the private source.)
-    """
-    manifest_path = directory / MANIFEST
-    if not manifest_path.exists():
-        return
-    try:
-        published_outputs = json.loads(manifest_path.read_text(encoding="utf-8")).get("outputs")
-    except (OSError, ValueError):
-        published_outputs = None
-    if published_outputs != outputs:
+
+def refuse_existing(directory: Path) -> None:
+    """Refuse to stage or rename over a release folder that already exists (published releases are immutable)."""
+    if directory.exists() or directory.is_symlink():
         raise AlreadyPublished(
-            f"release {directory.name!r} is already published with other parameters or data; "
+            f"release {directory.name!r}: a folder of that name already exists in {str(directory.parent)!r}; "
             "published releases are immutable, so give this one a new release_id"
         )
 
@@ -177,21 +177,17 @@ def published_columns(frame: pd.DataFrame, roles: dict[str, list[str]]) -> dict:
     return described
 
 
-def write_atomically(path: Path, content: bytes) -> str:
-    """Write ``content`` to ``path`` via a temporary file and a rename; return its SHA-256."""
-    path.parent.mkdir(parents=True, exist_ok=True)
-    descriptor, temporary = tempfile.mkstemp(prefix=f".{path.name}.", suffix=".tmp", dir=path.parent)
-    try:
-        with os.fdopen(descriptor, "wb") as handle:
-            handle.write(content)
-            handle.flush()
-            os.fsync(handle.fileno())
-        fault_point("after-staging")
-        os.replace(temporary, path)
-    except BaseException:
-        Path(temporary).unlink(missing_ok=True)
-        raise
-    _fsync_directory(path.parent)
+def write_file(path: Path, content: bytes) -> str:
+    """Create ``path`` (it must not exist), write and fsync ``content``; return its SHA-256.
+
+    Created with mode 0666 less the umask (an ordinary readable file), not a temp file's 0600: the
+    staging folder is hidden, and the whole folder becomes visible in one rename.
+    """
+    descriptor = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o666)
+    with os.fdopen(descriptor, "wb") as handle:
+        handle.write(content)
+        handle.flush()
+        os.fsync(handle.fileno())
     return hashlib.sha256(content).hexdigest()
 
 
@@ -203,31 +199,55 @@ def _fsync_directory(directory: Path) -> None:
         os.close(descriptor)
 
 
-def publish(frame: pd.DataFrame, manifest: dict, output_dir: str | Path) -> Publication:
-    """Write data.csv, data.parquet, then manifest.json (with the data files' SHA-256), each atomically.
+def stage(frame: pd.DataFrame, manifest: dict, output_dir: str | Path) -> Publication:
+    """Write data.csv, data.parquet, then manifest.json (with the data files' SHA-256) into the staging folder.
 
     ``manifest`` is the *public* manifest (``flows.manifest.public_manifest``): it is written as given,
-    plus the output hashes; where the files went is returned, not published.
+    plus the output hashes. A staging folder left by an interrupted attempt is replaced: it is hidden,
+    and the rerun re-derives the same bytes from the sealed seed. Nothing is created under the final name.
     """
-    directory = release_directory(output_dir, manifest["release_id"])
+    final = release_directory(output_dir, manifest["release_id"])
+    refuse_existing(final)
+    staging = staging_directory(output_dir, manifest["release_id"])
+    Path(output_dir).mkdir(parents=True, exist_ok=True)
+    if staging.exists():
+        shutil.rmtree(staging)
+    staging.mkdir()
     contents = {DATA_CSV: csv_bytes(frame), DATA_PARQUET: parquet_bytes(frame)}
-    check_publishable(directory, {name: hashlib.sha256(content).hexdigest() for name, content in contents.items()})
-    outputs = {name: write_atomically(directory / name, content) for name, content in contents.items()}
+    outputs = {}
+    for name, content in contents.items():
+        outputs[name] = write_file(staging / name, content)
+        fault_point("after-staging")
     fault_point("before-manifest")
-    complete = {**manifest, "outputs": outputs}
-    write_atomically(directory / MANIFEST, manifest_bytes(complete))
-    remove_stale_temporaries(directory)
-    return Publication(directory=directory, outputs=outputs)
+    write_file(staging / MANIFEST, manifest_bytes({**manifest, "outputs": outputs}))
+    _fsync_directory(staging)
+    _fsync_directory(staging.parent)
+    return Publication(directory=final, outputs=outputs, staging=staging)
 
 
-def remove_stale_temporaries(directory: Path) -> None:
-    """Delete temp files a crashed earlier attempt left behind (hidden, but a full copy of the data).
+def put_in_place(staging: Path, final: Path) -> None:
+    """Rename the complete staging folder to the release's final name, atomically and durably."""
+    refuse_existing(final)
+    os.rename(staging, final)
+    _fsync_directory(final.parent)
 
-    Runs only once the release is complete: its files are in place, so no temp file is still needed.
-    """
-    for name in (DATA_CSV, DATA_PARQUET, MANIFEST):
-        for stale in directory.glob(f".{name}.*.tmp"):
-            stale.unlink(missing_ok=True)
+
+def staged_outputs(staging: Path) -> dict[str, str] | None:
+    """SHA-256 of the data files in a staging folder whose manifest was written, or None if incomplete."""
+    try:
+        manifest = json.loads((staging / MANIFEST).read_text(encoding="utf-8"))
+        recorded = manifest["outputs"]
+        actual = {name: hashlib.sha256((staging / name).read_bytes()).hexdigest() for name in recorded}
+    except (OSError, ValueError, KeyError, TypeError):
+        return None
+    return actual if actual == recorded else None
+
+
+def publish(frame: pd.DataFrame, manifest: dict, output_dir: str | Path) -> Publication:
+    """Stage and put in place in one go (for callers without an audit record to commit in between)."""
+    publication = stage(frame, manifest, output_dir)
+    put_in_place(publication.staging, publication.directory)
+    return publication
 
 
 def manifest_bytes(manifest: dict) -> bytes:
@@ -242,10 +262,10 @@ def _jsonable(value):
     raise TypeError(f"not JSON-serialisable: {type(value).__name__}")
 
 
-@task(name="publish", cache_policy=NO_CACHE, persist_result=False)
-def publish_release(frame: pd.DataFrame, manifest: dict, output_dir: str) -> Publication:
-    """Prefect task: atomically publish the release files and manifest."""
-    return publish(frame, manifest, output_dir)
+@task(name="stage", cache_policy=NO_CACHE, persist_result=False)
+def stage_release(frame: pd.DataFrame, manifest: dict, output_dir: str) -> Publication:
+    """Prefect task: write the release files and manifest to the hidden staging folder."""
+    return stage(frame, manifest, output_dir)
 
 
 def assemble_release(
@@ -287,3 +307,9 @@ def merge_and_shuffle(partition, kept: pd.DataFrame, class_ids, perturbation, su
         kept[roles["k_quasi"]], class_ids, ~suppression.removed, partition.hierarchies, partition.levels
     )
     return assemble_release(released_quasis, kept, perturbation.frame, suppression.removed, perturbation.order, roles)
+
+
+@task(name="move-into-place", cache_policy=NO_CACHE, persist_result=False)
+def move_into_place(staging: Path, final: Path) -> None:
+    """Prefect task: rename the staged release to its final name (after its audit record is committed)."""
+    put_in_place(staging, final)

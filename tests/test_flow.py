@@ -72,19 +72,138 @@ def test_release_is_published_k_anonymous_and_recorded(store, synthetic_spec_dic
     assert remaining(store, "test-population") == pytest.approx(4.0)
 
 
-def test_a_rerun_re_derives_identical_bytes_from_the_sealed_seed_and_spends_nothing(store, synthetic_spec_dict):
+def _fail_after_staging(monkeypatch, error: BaseException, also=None):
+    """Make the next staging write its files, then fail with ``error`` (as a full disk or a size limit would)."""
+    import kepsilon.tasks.publish as publish_module
+
+    real_stage = publish_module.stage
+    calls = []
+
+    def stage_then_fail(frame, manifest, output_dir):
+        if calls:
+            return real_stage(frame, manifest, output_dir)
+        calls.append(real_stage(frame, manifest, output_dir))
+        if also is not None:
+            also()
+        raise error
+
+    monkeypatch.setattr(publish_module, "stage", stage_then_fail)
+    return calls
+
+
+def _counts(store) -> dict:
+    kinds = [row["kind"] for row in store["ledger"].rows]
+    return {"reserve": kinds.count("reserve"), "spend": kinds.count("spend"), "seeds": store["sealed_seeds"].count,
+            "unseals": store["unseal_events"].count, "records": store["releases"].count}
+
+
+def test_a_failure_after_the_noise_is_recorded_and_a_rerun_into_another_folder_resumes_it(store, synthetic_spec_dict, tmp_path, monkeypatch):
+    from kepsilon.tasks.errors import ReleaseFailed
+
+    first_dir = Path(synthetic_spec_dict["output_dir"])
+    staged = _fail_after_staging(monkeypatch, OSError(27, "File too large", str(first_dir / ".test-release.staging" / "data.parquet")))
+    with pytest.raises(ReleaseFailed, match=r"OSError: \[Errno 27\] File too large.*recorded as failed"):
+        governed_release(parse_spec(synthetic_spec_dict))
+    assert not (first_dir / "test-release").exists()  # nothing under the final name
+    (failed,) = list(store["releases"].rows)
+    assert failed["outcome"] == "failed" and failed["rows_published"] == 0
+    assert failed["failure_reason"].startswith("OSError: [Errno 27] File too large")
+    staged_csv = (staged[0].staging / "data.csv").read_bytes()
+
+    # 16.5: the corrected folder is not part of the idempotency key: same reservation, same seed.
+    corrected = {**synthetic_spec_dict, "output_dir": str(tmp_path / "corrected"), "operator": "someone-else"}
+    record = governed_release(parse_spec(corrected))
+    directory = tmp_path / "corrected" / "test-release"
+    assert (directory / "data.csv").read_bytes() == staged_csv  # the same noise, re-derived
+    assert record["budget"]["reused"] is True
+    assert _counts(store) == {"reserve": 1, "spend": 1, "seeds": 1, "unseals": 1, "records": 2}
+    assert remaining(store, "test-population") == pytest.approx(4.0)
+
+    # 16.7: a rerun of the published release does nothing but say where it is.
+    before = {p.name: p.stat().st_mtime_ns for p in directory.iterdir()}
+    again = governed_release(parse_spec(corrected))
+    assert again["already_published"] is True and again["published_at"] == str(directory.absolute())
+    assert {p.name: p.stat().st_mtime_ns for p in directory.iterdir()} == before
+    assert _counts(store) == {"reserve": 1, "spend": 1, "seeds": 1, "unseals": 1, "records": 2}
+
+
+def test_a_rerun_of_a_published_release_is_a_no_op(store, synthetic_spec_dict):
     governed_release(parse_spec(synthetic_spec_dict))
     directory = Path(synthetic_spec_dict["output_dir"]) / "test-release"
-    first = {name: (directory / name).read_bytes() for name in ["data.csv", "data.parquet"]}
-    shutil.rmtree(directory)  # the rerun must rebuild the files, not find them
+    before = {p.name: (p.stat().st_mtime_ns, p.read_bytes()) for p in directory.iterdir()}
+    again = governed_release(parse_spec({**synthetic_spec_dict, "operator": "someone-else"}))
+    assert again["already_published"] is True and again["folder_present"] is True
+    assert {p.name: (p.stat().st_mtime_ns, p.read_bytes()) for p in directory.iterdir()} == before
+    assert _counts(store) == {"reserve": 1, "spend": 1, "seeds": 1, "unseals": 0, "records": 1}
 
-    governed_release(parse_spec({**synthetic_spec_dict, "operator": "someone-else"}))
-    assert {name: (directory / name).read_bytes() for name in first} == first
+
+@pytest.mark.parametrize(
+    "error, recorded",
+    [
+        (__import__("sqlite3").OperationalError("disk I/O error"), "OperationalError: the audit store could not be read or written"),
+        (RuntimeError("GE context killed while validating HEIGHT=172.5"), "RuntimeError: message withheld"),
+        (ValueError("could not convert string to float: 'tall'"), "ValueError: message withheld"),
+    ],
+)
+def test_failures_of_any_type_after_the_reservation_are_recorded_without_values(store, synthetic_spec_dict, monkeypatch, error, recorded):
+    import kepsilon.tasks.validate as validate_module
+    from kepsilon.tasks.errors import ReleaseFailed
+
+    def killed(*args, **kwargs):
+        raise error
+
+    monkeypatch.setattr(validate_module, "_run_suite", killed)
+    with pytest.raises(ReleaseFailed) as stopped:
+        governed_release(parse_spec(synthetic_spec_dict))
+    (failed,) = list(store["releases"].rows)
+    assert failed["outcome"] == "failed" and failed["failure_reason"].startswith(recorded)
+    for text in (failed["failure_reason"], failed["manifest"], str(stopped.value)):
+        assert "172.5" not in text and "tall" not in text
+    assert "\n" not in str(stopped.value) and "recorded as failed" in str(stopped.value)
+    assert not (Path(synthetic_spec_dict["output_dir"]) / "test-release").exists()
+
+
+def test_when_the_store_cannot_record_the_failure_the_reservation_stands_and_a_rerun_resumes(store, synthetic_spec_dict, tmp_path, monkeypatch):
+    import sqlite3
+
+    from kepsilon.tasks.errors import ReleaseFailed
+
+    monkeypatch.setenv("KEPSILON_AUDIT_BUSY_TIMEOUT", "0.5")
+    holder = sqlite3.connect(tmp_path / "audit.db", check_same_thread=False)
+    _fail_after_staging(monkeypatch, OSError(28, "No space left on device"), also=lambda: holder.execute("BEGIN IMMEDIATE"))
+    with pytest.raises(ReleaseFailed, match="could not record it.*the reservation stands: rerun the same release to resume"):
+        governed_release(parse_spec(synthetic_spec_dict))
+    holder.rollback()
+    holder.close()
+    assert store["releases"].count == 0 and _counts(store)["spend"] == 1
+    assert not (Path(synthetic_spec_dict["output_dir"]) / "test-release").exists()
+    governed_release(parse_spec(synthetic_spec_dict))
+    assert _counts(store) == {"reserve": 1, "spend": 1, "seeds": 1, "unseals": 1, "records": 1}
+
+
+def test_a_release_id_published_by_another_release_is_refused_before_any_reservation(store, synthetic_spec_dict):
+    from kepsilon.tasks.publish import AlreadyPublished
+
+    governed_release(parse_spec(synthetic_spec_dict))
+    with pytest.raises(AlreadyPublished, match="test-release"):
+        governed_release(parse_spec({**synthetic_spec_dict, "k": 5, "epsilon": 0.5}))
+    assert _counts(store) == {"reserve": 1, "spend": 1, "seeds": 1, "unseals": 0, "records": 1}
     assert remaining(store, "test-population") == pytest.approx(4.0)
-    spends = [row for row in store["ledger"].rows if row["kind"] == "spend"]
-    assert len(spends) == 1  # noise drawn once for the logical release
-    (unseal,) = list(store["unseal_events"].rows)
-    assert unseal["actor"] == "kepsilon-flow" and "rerun" in unseal["reason"] and unseal["verified"] == 1
+
+
+@pytest.mark.parametrize("problem", ["file as folder", "folder under a file", "unknown folder of that name"])
+def test_an_unusable_output_folder_is_refused_before_any_reservation(store, synthetic_spec_dict, tmp_path, problem):
+    from kepsilon.tasks.errors import KepsilonError
+
+    blocker = tmp_path / "blocker"
+    blocker.write_text("not a folder")
+    output_dir = {"file as folder": blocker, "folder under a file": blocker / "out"}.get(problem, tmp_path / "out")
+    if problem == "unknown folder of that name":
+        (tmp_path / "out" / "test-release").mkdir(parents=True)
+    with pytest.raises(KepsilonError, match="output_dir|already exists"):
+        governed_release(parse_spec({**synthetic_spec_dict, "output_dir": str(output_dir)}))
+    assert _counts(store) == {"reserve": 0, "spend": 0, "seeds": 0, "unseals": 0, "records": 0}
+    assert blocker.read_text() == "not a folder"
 
 
 def test_two_person_rule(store, synthetic_spec_dict):

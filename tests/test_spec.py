@@ -96,6 +96,21 @@ def test_date_placeholder(synthetic_spec_dict):
     assert spec.for_date("2026-11-21").release_id == "nightly-2026-11-21"
 
 
+def test_run_placeholder_gives_each_run_its_own_release_id(synthetic_spec_dict):
+    spec = parse_spec({**synthetic_spec_dict, "release_id": "custom-{date}-{run}"})
+    assert spec.for_run("2026-11-21", "clever-fox").release_id == "custom-2026-11-21-clever-fox"
+    assert spec.for_run("2026-11-21", "odd name/..").release_id == "custom-2026-11-21-odd-name"
+
+
+def test_the_deployment_form_default_is_unique_per_run():
+    from .conftest import ROOT
+
+    deployments = yaml.safe_load((ROOT / "deployments" / "prefect.yaml").read_text(encoding="utf-8"))["deployments"]
+    for deployment in deployments:
+        release_id = deployment["parameters"]["spec"]["release_id"]
+        assert "{date}" in release_id and "{run}" in release_id, deployment["name"]
+
+
 def test_yaml_overrides_and_relative_paths(tmp_path, synthetic_spec_dict):
     (tmp_path / "data.csv").write_text("a;b\n1;2\n")
     synthetic_spec_dict["source"]["path"] = "data.csv"
