@@ -19,6 +19,7 @@ from pathlib import Path
 from .harness import Results, prefect_server, scratch
 from .scenarios import (
     FAULT_POINTS,
+    bad_day_scenario,
     bad_input_scenario,
     fault_scenario,
     leak_scenario,
@@ -32,14 +33,22 @@ from .scenarios import (
 REPORT = Path(__file__).resolve().parent / "report.md"
 
 
-def run_all(args) -> tuple[Results, list[dict], dict, dict[str, float]]:
+def run_all(args) -> tuple[Results, list[dict], dict, dict[str, float], list[dict]]:
     results = Results()
     base = scratch("reliability")
     timings: dict[str, float] = {}
     fault_source = sample_source(base / "fault-source.csv", args.fault_rows)
     small = sample_source(base / "small.csv", 400)
     leak_sample = sample_source(base / "leak-sample.csv", 2000)
+    bad_day: list[dict] = []
     with prefect_server(base / "prefect") as env:
+        start = time.monotonic()
+        bad_day = bad_day_scenario(results, env, base / "bad-day", small, lock_seconds=tuple(args.lock_seconds),
+                                   busy_timeout=args.busy_timeout, late_lock_seconds=args.late_lock_seconds)
+        timings["bad day"] = time.monotonic() - start
+        if args.bad_day_only:
+            return _finish(results, base), [], {}, timings, bad_day
+
         start = time.monotonic()
         jobs = [(point, run) for run in range(args.fault_runs) for point in FAULT_POINTS]
         with ThreadPoolExecutor(max_workers=2) as pool:  # independent stores and folders; one per core
@@ -73,14 +82,19 @@ def run_all(args) -> tuple[Results, list[dict], dict, dict[str, float]]:
     start = time.monotonic()
     noise_scenario(results, args.noise_samples)
     timings["noise"] = time.monotonic() - start
+    return _finish(results, base), bad_table, leak_matrix, timings, bad_day
+
+
+def _finish(results: Results, base: Path) -> Results:
     if not results.failed():
         shutil.rmtree(base, ignore_errors=True)
     else:
         results.counts["scratch folder (kept for inspection)"] = str(base)
-    return results, bad_table, leak_matrix, timings
+    return results
 
 
-def write_report(results: Results, bad_table: list[dict], leak_matrix: dict, timings: dict[str, float], path: Path) -> str:
+def write_report(results: Results, bad_table: list[dict], leak_matrix: dict, timings: dict[str, float], path: Path,
+                 bad_day: list[dict] = ()) -> str:
     passed = sum(c.ok for c in results.checks)
     failed = len(results.checks) - passed
     lines = [
@@ -99,6 +113,13 @@ def write_report(results: Results, bad_table: list[dict], leak_matrix: dict, tim
     for category in categories:
         own = [c for c in results.checks if c.category == category]
         lines.append(f"| {category} | {sum(c.ok for c in own)} | {sum(not c.ok for c in own)} | {timings.get(category, 0):.0f} |")
+    lines += ["", "## An operator's bad day (issue 16): each scenario's end state", "",
+              "ε spent is the population's spend entries; 'refused before ε' means no reservation, spend or seed was",
+              "added by the refused run and nothing appeared under the release's final name.", "",
+              "| scenario | outcome | releases published | ε spent | records | refused before any ε |", "|---|---|---:|---:|---|---|"]
+    for row in bad_day:
+        before = {True: "yes", False: "no (failed after ε, resumed by the rerun)", None: "— (published)"}[row["refused_before_epsilon"]]
+        lines.append(f"| {row['scenario']} | {row['outcome']} | {row['releases']} | {row['epsilon']:g} | {row['records']} | {before} |")
     lines += ["", "## Bad input catalogue (exit code and the CLI's message)", "", "| case | exit | outcome | message |", "|---|---:|---|---|"]
     for row in bad_table:
         message = row["message"].replace("|", "\\|") or "—"
@@ -125,9 +146,13 @@ def main() -> int:
     parser.add_argument("--processes", type=int, default=4)
     parser.add_argument("--noise-samples", type=int, default=20000)
     parser.add_argument("--report", type=Path, default=REPORT)
+    parser.add_argument("--lock-seconds", type=float, nargs="+", default=[30, 90], help="how long another writer holds the lock")
+    parser.add_argument("--late-lock-seconds", type=float, default=90)
+    parser.add_argument("--busy-timeout", type=float, default=60, help="KEPSILON_AUDIT_BUSY_TIMEOUT for the lock scenarios")
+    parser.add_argument("--bad-day-only", action="store_true", help="run only the bad-day scenarios")
     args = parser.parse_args()
-    results, bad_table, leak_matrix, timings = run_all(args)
-    summary = write_report(results, bad_table, leak_matrix, timings, args.report)
+    results, bad_table, leak_matrix, timings, bad_day = run_all(args)
+    summary = write_report(results, bad_table, leak_matrix, timings, args.report, bad_day)
     for check in results.failed():
         print(f"FAIL [{check.category}] {check.name}: {check.detail}")
     print(f"{summary} — report in {args.report}")

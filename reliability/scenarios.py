@@ -16,6 +16,8 @@ import shutil
 import sqlite3
 import subprocess
 import sys
+import threading
+import time
 import uuid
 from fractions import Fraction
 from pathlib import Path
@@ -23,6 +25,8 @@ from types import SimpleNamespace
 
 import numpy as np
 import pandas as pd
+
+from kepsilon.faults import FAULT_POINTS  # re-exported for run.py and the tests
 
 from .harness import (
     BIN,
@@ -42,7 +46,6 @@ from .harness import (
     write_spec,
 )
 
-FAULT_POINTS = ("after-reservation", "after-noise", "after-staging", "before-manifest", "before-audit-commit")
 NOISE_DRAWN_FROM = FAULT_POINTS.index("after-noise")
 BUDGET_MESSAGE = "exceeds the remaining budget"
 
@@ -86,9 +89,10 @@ def fault_scenario(results: Results, env: dict, work: Path, source: Path, point:
     visible_tmp = [p.name for p in release_dir.glob("*.tmp") if not p.name.startswith(".")] if release_dir.exists() else []
     results.add(cat, f"{label}: leftover temp files are hidden", not visible_tmp, f"visible temp {visible_tmp}")
     manifest_after_kill = (release_dir / "manifest.json").exists()
-    results.add(cat, f"{label}: manifest only if the kill came after publication",
-                manifest_after_kill == (point == "before-audit-commit"), f"manifest present: {manifest_after_kill}")
-    staged = _staged_bytes(release_dir, point)
+    results.add(cat, f"{label}: nothing under the final name until the record is committed and renamed",
+                not manifest_after_kill and not release_dir.exists(), f"manifest present: {manifest_after_kill}")
+    staged = _staged_bytes(work / "out" / ".fault-release.staging", point)
+    recorded = point == "after-audit-commit"
 
     sealed = [c for (c,) in rows(db, "SELECT commitment FROM sealed_seeds")]
     kinds = ledger_kinds(db)
@@ -114,10 +118,14 @@ def fault_scenario(results: Results, env: dict, work: Path, source: Path, point:
     if staged is not None:
         results.add(cat, f"{label}: rerun's data.csv equals the bytes staged by the killed run", first == staged,
                     f"{len(first)} vs {len(staged)} bytes")
+    if recorded:
+        results.add(cat, f"{label}: the rerun only completes the recorded release (moves it into place)",
+                    "already published" in _flat(rerun.stdout), _flat(rerun.stdout)[-160:])
     for again in range(extra_reruns):
         more = kepsilon(["release", str(spec_path)], env, work)
         same = more.returncode == 0 and (release_dir / "data.csv").read_bytes() == first
-        results.add(cat, f"{label}: further rerun {again + 1} publishes the same bytes", same, f"exit {more.returncode}")
+        results.add(cat, f"{label}: further rerun {again + 1} is a no-op saying where it was published",
+                    same and "already published" in _flat(more.stdout), f"exit {more.returncode}")
 
     spends, seeds = max_per_key(db)
     kinds = ledger_kinds(db)
@@ -127,21 +135,22 @@ def fault_scenario(results: Results, env: dict, work: Path, source: Path, point:
     results.add(cat, f"{label}: ledger spent = ε exactly once", spent == 10**9 and kinds.get("reserve") == 1,
                 f"spent nano-ε {spent}, ledger {kinds}")
     outcomes = [o for (o,) in rows(db, "SELECT outcome FROM releases")]
-    results.add(cat, f"{label}: every run after the kill recorded as published",
-                outcomes == ["published"] * (1 + extra_reruns), f"outcomes {outcomes}")
-    leftover = sorted(p.name for p in release_dir.iterdir() if p.name.startswith("."))
-    results.add(cat, f"{label}: stale temp files cleaned by the rerun", not leftover, f"hidden files left {len(leftover)}")
+    results.add(cat, f"{label}: one record, published", outcomes == ["published"], f"outcomes {outcomes}")
+    unseals = rows(db, "SELECT COUNT(*) FROM unseal_events")[0][0]
+    expected_unseals = 1 if noise_drawn and not recorded else 0
+    results.add(cat, f"{label}: the seed unsealed only by the rerun that needed it", unseals == expected_unseals,
+                f"unseals {unseals}, expected {expected_unseals}")
+    leftover = sorted(p.name for p in (work / "out").iterdir() if p.name.startswith("."))
+    leftover += sorted(p.name for p in release_dir.iterdir() if p.name.startswith("."))
+    results.add(cat, f"{label}: no staging folder or hidden file left", not leftover, f"hidden left {len(leftover)}")
     checked = verify(env, work)
     results.add(cat, f"{label}: audit verify passes after the reruns", checked.returncode == 0, f"exit {checked.returncode}")
 
 
-def _staged_bytes(release_dir: Path, point: str) -> bytes | None:
-    """The data.csv bytes the killed run had fully written (staged temp or renamed file), if any."""
-    if point == "after-staging":
-        staged = list(release_dir.glob(".data.csv.*.tmp"))
-        return staged[0].read_bytes() if len(staged) == 1 else None
-    if point in ("before-manifest", "before-audit-commit") and (release_dir / "data.csv").exists():
-        return (release_dir / "data.csv").read_bytes()
+def _staged_bytes(staging: Path, point: str) -> bytes | None:
+    """The data.csv bytes the killed run had fully written into its hidden staging folder, if any."""
+    if point in ("after-staging", "before-manifest", "before-audit-commit", "after-audit-commit") and (staging / "data.csv").exists():
+        return (staging / "data.csv").read_bytes()
     return None
 
 
@@ -643,3 +652,343 @@ def noise_scenario(results: Results, samples: int, seed: int = 20240611) -> None
         results.add(cat, f"{label}: a 25% too large scale is rejected by the same test", wrong_fit.pvalue < 1e-6,
                     f"D={wrong_fit.statistic:.4f}, p={wrong_fit.pvalue:.3g}")
     results.counts["noise scales × samples"] = f"{len(NOISE_CASES)} × {samples} (plus {len(NOISE_CASES)} wrong-scale runs)"
+
+
+# --- 7. An operator's bad day: tampered or broken stores, unusable folders, locks ------------------
+
+
+BAD_DAY_CATEGORY = "bad day"
+
+
+def _figures(db: Path, population: str = POPULATION) -> dict:
+    """Releases published, ε spent (from spend entries), records by outcome, ledger entries."""
+    spent = sum(n for (n,) in rows(db, "SELECT nano_epsilon FROM ledger WHERE kind = 'spend' AND population_id = ?",
+                                   (population,))) / 10**9
+    outcomes = [o for (o,) in rows(db, "SELECT outcome FROM releases ORDER BY id")]
+    return {"published": outcomes.count("published"), "spent": spent, "records": outcomes,
+            "reserves": ledger_kinds(db).get("reserve", 0), "seeds": rows(db, "SELECT COUNT(*) FROM sealed_seeds")[0][0]
+            if db.exists() else 0}
+
+
+def _one_line(stderr: str, prefix: str) -> str:
+    """The CLI's one line starting with ``prefix`` (e.g. 'release refused:'), folded; '' if absent."""
+    flat = _flat(stderr)
+    at = flat.find(prefix)
+    return flat[at:at + 1200] if at >= 0 else ""
+
+
+class BadDay:
+    """One bad-day scenario's work folder, store and spec, and its row in the report."""
+
+    def __init__(self, results: Results, env: dict, base: Path, name: str, source: Path, cap: float = 10.0):
+        self.results, self.name = results, name
+        self.work = base / re.sub(r"[^a-z0-9]+", "-", name.lower()).strip("-")
+        self.work.mkdir(parents=True, exist_ok=True)
+        self.env = store_env(env, self.work)
+        self.env.pop("KEPSILON_DEFAULT_CAP", None)
+        self.db = self.work / "audit.db"
+        self.source = source
+        self.cap = cap
+
+    def spec(self, release_id: str, **changes) -> Path:
+        spec = spec_dict(self.work, release_id, source={"path": str(self.source), "delimiter": ";"}, **NO_BUDGET_FAILURES)
+        spec.update(changes)
+        return write_spec(self.work, spec)
+
+    def release(self, release_id: str, fault: str | None = None, env: dict | None = None, **changes) -> subprocess.CompletedProcess:
+        return kepsilon(["release", str(self.spec(release_id, **changes))], env or self.env, self.work, fault=fault)
+
+    def check(self, what: str, ok: bool, detail: str = "") -> bool:
+        return self.results.add(BAD_DAY_CATEGORY, f"{self.name}: {what}", ok, detail)
+
+    def refused_cleanly(self, run, release_id: str, mentions: str, before: dict, figures_after: bool = True) -> None:
+        """Exit 2, one line naming the problem, no traceback, no new ledger entry, nothing under the final name."""
+        line = _one_line(run.stderr, "release refused:")
+        self.check("exit 2 with one line naming the problem", run.returncode == 2 and mentions.lower() in line.lower(),
+                   f"exit {run.returncode}: {line[:200] or _flat(run.stderr)[-200:]}")
+        self.check("no traceback", "Traceback" not in run.stderr + run.stdout)
+        after = _figures(self.db) if self.db.exists() and figures_after else before
+        self.check("refused before any ε (no new reservation, spend or seed)",
+                   (after["reserves"], after["spent"], after["seeds"]) == (before["reserves"], before["spent"], before["seeds"]),
+                   f"before {before['reserves']}/{before['spent']}/{before['seeds']}, after {after['reserves']}/{after['spent']}/{after['seeds']}")
+        final = Path(spec_dict(self.work, release_id)["output_dir"]) / release_id
+        self.check("nothing under the final name", not final.exists())
+
+    def row(self, outcome: str, refused_before_epsilon: bool | None, figures: dict | None = None) -> dict:
+        """The report's row; ``figures`` for a store that can no longer be read (its state before the damage)."""
+        figures = figures or _figures(self.db)
+        records = ", ".join(f"{figures['records'].count(o)} {o}" for o in ("published", "failed", "refused") if figures["records"].count(o))
+        return {"scenario": self.name, "outcome": outcome, "releases": figures["published"], "epsilon": figures["spent"],
+                "records": records or "none", "refused_before_epsilon": refused_before_epsilon}
+
+
+def _checkpointed_copy(source_dir: Path, target_dir: Path, keep_wal: bool) -> None:
+    """Copy an audit store (with its WAL, head log and seed key) as it is on disk, WAL merged unless ``keep_wal``."""
+    target_dir.mkdir(parents=True, exist_ok=True)
+    for name in ("audit.db", "audit.db-wal", "audit.db.heads", "seed.key"):
+        if (source_dir / name).exists():
+            shutil.copy2(source_dir / name, target_dir / name)
+    if not keep_wal:
+        conn = sqlite3.connect(target_dir / "audit.db")
+        conn.execute("PRAGMA wal_checkpoint(TRUNCATE)")
+        conn.close()
+        (target_dir / "audit.db-wal").unlink(missing_ok=True)
+        (target_dir / "audit.db-shm").unlink(missing_ok=True)
+
+
+def tamper_over_cap(results: Results, env: dict, base: Path, source: Path) -> dict:
+    """Cap 2: two releases of ε 1; the first one's ledger ε set to 0 behind the triggers; a third is refused."""
+    day = BadDay(results, env, base, "tamper then release over the cap", source)
+    set_cap(day.env, day.work, 2.0)
+    for number in (1, 2):
+        run = day.release(f"capped-{number}")
+        day.check(f"release {number} of ε 1 published", run.returncode == 0, _flat(run.stderr)[-200:])
+    honest = _figures(day.db)  # what was really spent, before the ledger is falsified
+    _without_triggers(day.db, ["UPDATE ledger SET nano_epsilon = 0 WHERE kind IN ('reserve', 'spend') AND release_id = 'capped-1'"], True)
+    before = _figures(day.db)
+    third = day.release("capped-3")
+    day.refused_cleanly(third, "capped-3", "kepsilon audit verify", before)
+    return day.row("refused: store does not verify", True, figures=honest)
+
+
+def broken_stores(results: Results, env: dict, base: Path, source: Path) -> list[dict]:
+    """One real release killed after its record was committed (so its WAL holds it), then copies of that
+    store with a flipped byte, cut in half, and with the -wal deleted: each refuses the rerun, and the
+    officers' commands answer with one line instead of a traceback."""
+    origin = BadDay(results, env, base, "broken store origin", source)
+    set_cap(origin.env, origin.work, 10.0)
+    killed = origin.release("broken", fault="after-audit-commit")
+    origin.check("origin release killed after its record was committed", killed.returncode == -9, f"exit {killed.returncode}")
+    origin.check("its WAL holds the commit", (origin.work / "audit.db-wal").exists())
+    table = []
+    for name, keep_wal, damage in (
+        ("byte flip", False, _flip_a_byte),
+        ("truncation", False, _cut_in_half),
+        ("-wal deletion (rollback)", True, lambda work: (work / "audit.db-wal").unlink()),
+    ):
+        day = BadDay(results, env, base, name, source)
+        _checkpointed_copy(origin.work, day.work, keep_wal)
+        before = _figures(day.db)
+        damage(day.work)
+        damaged = _store_bytes(day.work)
+        run = day.release("broken")
+        day.refused_cleanly(run, "broken", "audit store", before, figures_after=False)
+        day.check("the damaged store was not written to (file, WAL and head log unchanged)", _store_bytes(day.work) == damaged)
+        for command in (["audit", "verify"], ["audit", "budget", POPULATION]):
+            answer = kepsilon(command, day.env, day.work)
+            day.check(f"`kepsilon {' '.join(command[:2])}` exits 2 with one line, no traceback",
+                      answer.returncode == 2 and "Traceback" not in answer.stderr + answer.stdout,
+                      f"exit {answer.returncode}: {_flat(answer.stderr + answer.stdout)[-160:]}")
+        table.append(day.row("refused: store does not verify", True, figures=before))
+    return table
+
+
+def _store_bytes(work: Path) -> dict[str, bytes]:
+    """The store's file, its head log and its WAL's content (an empty or absent WAL holds nothing)."""
+    found = {name: (work / name).read_bytes() for name in ("audit.db", "audit.db.heads", "audit.db-wal") if (work / name).exists()}
+    if not found.get("audit.db-wal"):
+        found.pop("audit.db-wal", None)
+    return found
+
+
+def _flip_a_byte(work: Path) -> None:
+    """Flip one bit of a stored text (the release id as stored in the ledger and release rows)."""
+    data = bytearray((work / "audit.db").read_bytes())
+    at = data.rfind(b"broken")
+    data[at + 2] ^= 0x01
+    (work / "audit.db").write_bytes(bytes(data))
+
+
+def _cut_in_half(work: Path) -> None:
+    path = work / "audit.db"
+    with open(path, "r+b") as handle:
+        handle.truncate(path.stat().st_size // 2)
+
+
+def unusable_folders(results: Results, env: dict, base: Path, source: Path) -> list[dict]:
+    """An unwritable output folder and a file where the folder should be: refused before any ε."""
+    from .harness import make_unwritable
+
+    table = []
+    for name in ("unwritable output folder", "file as output folder"):
+        day = BadDay(results, env, base, name, source)
+        set_cap(day.env, day.work, 10.0)
+        target = day.work / "out"
+        undo = None
+        if name.startswith("unwritable"):
+            target.mkdir()
+            undo = make_unwritable(target)
+            if undo is None:
+                day.check("skipped: neither mode 0555 nor chattr +i makes a folder unwritable here", True)
+                continue
+        else:
+            target.write_text("a file, not a folder")
+        before = _figures(day.db)
+        try:
+            run = day.release("unusable")
+        finally:
+            if undo is not None:
+                undo()
+        day.refused_cleanly(run, "unusable", "output_dir", before)
+        table.append(day.row("refused: output_dir", True))
+    return table
+
+
+def file_size_limit(results: Results, env: dict, base: Path, source: Path) -> dict:
+    """``ulimit -f`` below the expected output (EFBIG while publishing): refused before ε; without it, one spend."""
+    import resource
+
+    from kepsilon.tasks.preflight import expected_output_bytes
+
+    day = BadDay(results, env, base, "EFBIG (file-size limit) during publish", source)
+    set_cap(day.env, day.work, 10.0)
+    # Half the expected data file, and above SQLite's 32 KiB shared-memory file, so the store still opens.
+    limit = max(expected_output_bytes(source.stat().st_size)[0] // 2, 48 * 1024)
+
+    def limited():
+        resource.setrlimit(resource.RLIMIT_FSIZE, (limit, resource.getrlimit(resource.RLIMIT_FSIZE)[1]))
+
+    before = _figures(day.db)
+    run = subprocess.run([str(BIN / "kepsilon"), "release", str(day.spec("limited"))], cwd=day.work, env=day.env,
+                         capture_output=True, text=True, timeout=600, preexec_fn=limited)
+    day.refused_cleanly(run, "limited", "ulimit -f", before)
+    again = day.release("limited")
+    figures = _figures(day.db)
+    day.check("rerun without the limit publishes with one spend", again.returncode == 0 and figures["spent"] == 1.0
+              and figures["reserves"] == 1, f"exit {again.returncode}, spent {figures['spent']}")
+    return day.row("refused before ε; rerun published", True)
+
+
+def _hold_lock(db: Path, seconds: float, start: threading.Event) -> threading.Thread:
+    """Hold the store's write lock (BEGIN IMMEDIATE) for ``seconds`` in a thread, from when ``start`` is set."""
+    taken = threading.Event()
+
+    def hold():
+        start.wait()
+        conn = sqlite3.connect(db, timeout=120, check_same_thread=False)
+        conn.execute("BEGIN IMMEDIATE")
+        taken.set()
+        time.sleep(seconds)
+        conn.rollback()
+        conn.close()
+
+    thread = threading.Thread(target=hold, daemon=True)
+    thread.taken = taken
+    thread.start()
+    return thread
+
+
+def _run_until(args: list[str], env: dict, cwd: Path, trigger, fired: threading.Event) -> tuple[int, str, str]:
+    """Run the real ``kepsilon`` command; set ``fired`` as soon as ``trigger(stderr so far)`` is true."""
+    process = subprocess.Popen([str(BIN / "kepsilon"), *args], cwd=cwd, env=env, stdout=subprocess.PIPE,
+                               stderr=subprocess.PIPE, text=True)
+    err: list[str] = []
+    out: list[str] = []
+    readers = [threading.Thread(target=lambda s=stream, b=buf: b.extend(iter(s.readline, "")), daemon=True)
+               for stream, buf in ((process.stderr, err), (process.stdout, out))]
+    for reader in readers:
+        reader.start()
+    while process.poll() is None and not fired.is_set():
+        if trigger("".join(err)):
+            fired.set()
+        time.sleep(0.002)
+    fired.set()
+    process.wait(timeout=900)
+    for reader in readers:
+        reader.join()
+    return process.returncode, "".join(out), "".join(err)
+
+
+def lock_held(results: Results, env: dict, base: Path, source: Path, seconds: float, busy_timeout: float) -> dict:
+    """Another writer takes the store's lock as the release has read its input and holds it ``seconds``."""
+    day = BadDay(results, env, base, f"lock held {seconds:g} s (busy timeout {busy_timeout:g} s)", source)
+    set_cap(day.env, day.work, 10.0)
+    run_env = {**day.env, "KEPSILON_AUDIT_BUSY_TIMEOUT": str(busy_timeout)}
+    spec = day.spec("locked")
+    fired = threading.Event()
+    holder = _hold_lock(day.db, seconds, fired)
+    before = _figures(day.db)
+    code, out, err = _run_until(["release", str(spec)], run_env, day.work, lambda text: "records in" in text, fired)
+    holder.join()
+    run = subprocess.CompletedProcess([], code, out, err)
+    day.check("says it is waiting for the lock, and for how long",
+              "waiting for the audit store lock" in _flat(err) and "will wait up to" in _flat(err), _flat(err)[-200:])
+    if seconds < busy_timeout:
+        figures = _figures(day.db)
+        day.check("published after the wait, one spend", code == 0 and figures["spent"] == 1.0 and figures["reserves"] == 1,
+                  f"exit {code}, spent {figures['spent']}")
+        return day.row("published after waiting", None)
+    day.refused_cleanly(run, "locked", "locked by another process", before)
+    return day.row("refused: store locked", True)
+
+
+def late_lock(results: Results, env: dict, base: Path, source: Path, seconds: float, busy_timeout: float, rerun_cli=None) -> dict:
+    """A lock taken as validation finishes (when the release starts staging) and held ``seconds``: the
+    record cannot be written, nothing appears under the final name, and the rerun publishes with one spend.
+
+    ``rerun_cli(args, env, cwd) -> (exit code, output)`` runs the rerun (default: ``subprocess_cli``).
+    """
+    day = BadDay(results, env, base, f"late lock, held {seconds:g} s (busy timeout {busy_timeout:g} s)", source)
+    set_cap(day.env, day.work, 10.0)
+    run_env = {**day.env, "KEPSILON_AUDIT_BUSY_TIMEOUT": str(busy_timeout)}
+    spec = day.spec("late")
+    staging = day.work / "out" / ".late.staging"
+    fired = threading.Event()
+    holder = _hold_lock(day.db, seconds, fired)
+    code, out, err = _run_until(["release", str(spec)], run_env, day.work, lambda _: staging.exists(), fired)
+    holder.join()
+    final = day.work / "out" / "late"
+    line = _one_line(err, "release failed:")
+    day.check("lock taken while the release was staging", holder.taken.is_set() and bool(line), _flat(err)[-200:])
+    day.check("exit 2, one line: recorded as failed, or the reservation stands and a rerun resumes it",
+              code == 2 and ("recorded as failed" in line or "the reservation stands" in line), line[-300:])
+    day.check("no traceback", "Traceback" not in out + err)
+    day.check("nothing under the final name", not final.exists())
+    rerun_code, _ = (rerun_cli or subprocess_cli)(["release", str(spec)], day.env, day.work)
+    figures = _figures(day.db)
+    day.check("rerun publishes with the same reservation and seed (one spend, one draw)",
+              rerun_code == 0 and figures["reserves"] == 1 and figures["spent"] == 1.0 and figures["seeds"] == 1,
+              f"exit {rerun_code}, reserves {figures['reserves']}, spent {figures['spent']}, seeds {figures['seeds']}")
+    return day.row("failed after ε, then resumed", False)
+
+
+def moved_output(results: Results, env: dict, base: Path, source: Path) -> dict:
+    """A release dies after its noise; the rerun names another output folder: same reservation and noise."""
+    day = BadDay(results, env, base, "moved output folder", source)
+    set_cap(day.env, day.work, 10.0)
+    killed = day.release("moved", fault="before-audit-commit")
+    staged = (day.work / "out" / ".moved.staging" / "data.csv")
+    staged_bytes = staged.read_bytes() if staged.exists() else None
+    elsewhere = day.work / "elsewhere"
+    rerun = day.release("moved", output_dir=str(elsewhere))
+    figures = _figures(day.db)
+    day.check("killed after its noise", killed.returncode == -9, f"exit {killed.returncode}")
+    day.check("rerun into the other folder publishes there", rerun.returncode == 0 and (elsewhere / "moved" / "manifest.json").exists(),
+              _flat(rerun.stderr)[-200:])
+    day.check("one reservation, one spend, one seed", (figures["reserves"], figures["spent"], figures["seeds"]) == (1, 1.0, 1),
+              f"{figures['reserves']}/{figures['spent']}/{figures['seeds']}")
+    day.check("same noise: the published data.csv is the bytes the killed run staged",
+              staged_bytes is not None and (elsewhere / "moved" / "data.csv").read_bytes() == staged_bytes)
+    return day.row("killed after noise, resumed elsewhere", False)
+
+
+def bad_day_scenario(results: Results, env: dict, base: Path, source: Path, lock_seconds=(30, 90), busy_timeout: float = 60,
+                     late_lock_seconds: float = 90, workers: int = 2) -> list[dict]:
+    """Every bad-day scenario (issue 16); returns the report's rows. Independent folders, ``workers`` at a time."""
+    from concurrent.futures import ThreadPoolExecutor
+
+    base.mkdir(parents=True, exist_ok=True)
+    jobs = [
+        lambda: [tamper_over_cap(results, env, base, source)],
+        lambda: broken_stores(results, env, base, source),
+        lambda: unusable_folders(results, env, base, source),
+        lambda: [file_size_limit(results, env, base, source)],
+        *[(lambda s=s: [lock_held(results, env, base, source, s, busy_timeout)]) for s in lock_seconds],
+        lambda: [late_lock(results, env, base, source, late_lock_seconds, busy_timeout)],
+        lambda: [moved_output(results, env, base, source)],
+    ]
+    with ThreadPoolExecutor(max_workers=workers) as pool:
+        tables = list(pool.map(lambda job: job(), jobs))
+    table = [row for rows_ in tables for row in rows_]
+    results.counts["bad-day scenarios"] = f"{len(table)} (lock waits {', '.join(f'{s:g} s' for s in lock_seconds)}, busy timeout {busy_timeout:g} s)"
+    return table
