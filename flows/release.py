@@ -23,7 +23,7 @@ from kepsilon.flows.manifest import base_manifest, idempotency_key, public_manif
 from kepsilon.flows.report import guarantee_statement, publish_figure_artifact, publish_report_artifacts
 from kepsilon.flows.spec import ReleaseSpec
 from kepsilon.tasks.classify import classify_attributes
-from kepsilon.tasks.errors import KepsilonError, ReleaseFailed, ValidationFailed, describe_failure
+from kepsilon.tasks.errors import ReleaseFailed, ValidationFailed, describe_failure
 from kepsilon.tasks.ingest import ingest_source
 from kepsilon.tasks.k_anonymise import k_anonymise_records
 from kepsilon.tasks.figures import RELEASE_CAPTIONS, private_report_dir, release_figures, write_figures
@@ -124,8 +124,8 @@ def _fail_after_reservation(record: dict, failure: BaseException, reservation_id
 
     The record holds the error's class and a message that quotes no value (``describe_failure``). If
     the store cannot take the record either (locked, read-only, full), the reservation stands and a
-    rerun of the same release resumes it: the error says so. A project error (a failed check, …) is
-    raised as it is; any other becomes ``ReleaseFailed``; an interrupt stays an interrupt.
+    rerun of the same release resumes it: the error says so. A failed check is raised as it is; any
+    other error (the store locked past its busy timeout included) becomes ``ReleaseFailed``.
     """
     reason = describe_failure(failure)
     record["failure"] = reason.split(": ", 1)[-1]
@@ -139,7 +139,8 @@ def _fail_after_reservation(record: dict, failure: BaseException, reservation_id
             f"record it ({describe_failure(unrecorded)}); the reservation stands: rerun the same release to resume "
             "it (same reservation, same noise, no new spend)"
         ) from None
-    if isinstance(failure, KepsilonError) or not isinstance(failure, Exception):
+    # A failed check keeps its own error (it names the checks); an interrupt stays an interrupt.
+    if isinstance(failure, ValidationFailed) or not isinstance(failure, Exception):
         raise failure
     raise ReleaseFailed(
         f"release {release_id!r} failed after its ε was reserved ({reason}); recorded as failed "

@@ -143,6 +143,8 @@ def test_a_rerun_of_a_published_release_is_a_no_op(store, synthetic_spec_dict):
         (__import__("sqlite3").OperationalError("disk I/O error"), "OperationalError: the audit store could not be read or written"),
         (RuntimeError("GE context killed while validating HEIGHT=172.5"), "RuntimeError: message withheld"),
         (ValueError("could not convert string to float: 'tall'"), "ValueError: message withheld"),
+        (__import__("kepsilon.audit.errors", fromlist=["StoreUnavailable"]).StoreUnavailable("audit store 'x' is locked"),
+         "StoreUnavailable: audit store 'x' is locked"),
     ],
 )
 def test_failures_of_any_type_after_the_reservation_are_recorded_without_values(store, synthetic_spec_dict, monkeypatch, error, recorded):
