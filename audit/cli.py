@@ -202,6 +202,12 @@ def failures(ctx: typer.Context, format: FormatOption = Format.table) -> None:
     _answer(ctx, "failures", format)
 
 
+@audit_app.command()
+def diversity(ctx: typer.Context, format: FormatOption = Format.table) -> None:
+    """Releases with homogeneous groups or failed ℓ-diversity/t-closeness checks, with achieved ℓ, t and risks."""
+    _answer(ctx, "diversity", format)
+
+
 @audit_app.command("scale-basis")
 def scale_basis(
     ctx: typer.Context,

@@ -162,6 +162,21 @@ WHERE outcome != 'published'
 ORDER BY record
 """
 
+# A failed diversity check is one of the gate's ℓ-diversity or t-closeness checks (named
+# "l_diversity:<column>" and "t_closeness:<column>"); homogeneous groups are counted on every release's
+# published groups whether or not criteria were declared. Underscores are literal in LIKE via ESCAPE.
+_DIVERSITY = r"""
+SELECT * FROM (
+  SELECT r.id AS record, r.release_id, r.outcome, r.homogeneous_groups, r.l_diversity_min, r.t_closeness_max,
+         (SELECT group_concat(name, ', ') FROM (SELECT name FROM checks c WHERE c.release = r.id AND c.success = 0
+                 AND (c.name LIKE 'l\_diversity:%' ESCAPE '\' OR c.name LIKE 't\_closeness:%' ESCAPE '\')
+                 ORDER BY c.id)) AS failed_diversity_checks,
+         r.linking_risk, r.prosecutor_risk, r.finished_at
+  FROM releases r)
+WHERE homogeneous_groups > 0 OR failed_diversity_checks IS NOT NULL
+ORDER BY record
+"""
+
 _SCALE_BASIS = """
 SELECT id AS record, release_id, outcome, scale_basis,
        CASE scale_basis WHEN 'diameter' THEN 'data-derived (class diameter, the paper''s method)'
@@ -268,6 +283,13 @@ QUERIES: dict[str, Query] = {
         "source and spec; population: empty for all.",
         _ADVICE,
         ("population",),
+    ),
+    "diversity": Query(
+        "12. Releases with homogeneous groups or failed diversity checks",
+        "Releases whose published groups include one where every member shares a sensitive value (homogeneity "
+        "attack), or that failed an ℓ-diversity or t-closeness check; with the achieved ℓ (fewest distinct "
+        "values in a group), t (largest EMD) and the linking and prosecutor risks. Private figures.",
+        _DIVERSITY,
     ),
     "chain_head": Query(
         "10. Chain head and last checkpoint",

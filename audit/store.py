@@ -66,7 +66,11 @@ AUDITED_TABLES = (
 PROTECTED_TABLES = AUDITED_TABLES + ("chain",)
 # Columns added by a migration after rows were already chained. While NULL they are left out of a row's
 # hashed content, so rows chained before the migration keep their hash; once set they are covered.
-LATER_COLUMNS = {"releases": frozenset({"failure_reason"})}
+LATER_COLUMNS = {
+    "releases": frozenset(
+        {"failure_reason", "l_diversity_min", "t_closeness_max", "homogeneous_groups", "prosecutor_risk"}
+    )
+}
 
 migrations = Migrations("kepsilon.audit")
 
@@ -295,6 +299,24 @@ def busy_timeout_ms() -> int:
     if not seconds > 0 or seconds != seconds or seconds == float("inf"):
         raise SpecError(ENV_BUSY_TIMEOUT, "must be a positive, finite number of seconds")
     return max(int(seconds * 1000), 1)
+
+
+@migrations(name="0004_release_disclosure")
+def _disclosure(db: sqlite_utils.Database) -> None:
+    """What each release's published groups achieve on the sensitive columns, and its prosecutor risk.
+
+    ``l_diversity_min``: fewest distinct sensitive values in a group; ``t_closeness_max``: largest EMD
+    of a group to the whole table; ``homogeneous_groups``: groups with a single value of a sensitive
+    column; ``prosecutor_risk``: 1/smallest group. Private figures (never in the public manifest).
+    Rows recorded before this migration keep their chain hash (``LATER_COLUMNS``).
+    """
+    for column, kind in (
+        ("l_diversity_min", "INTEGER"),
+        ("t_closeness_max", "REAL"),
+        ("homogeneous_groups", "INTEGER"),
+        ("prosecutor_risk", "REAL"),
+    ):
+        db.execute(f"ALTER TABLE releases ADD COLUMN {column} {kind}")
 
 
 def store_path(path: str | Path | None = None) -> Path:

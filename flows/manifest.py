@@ -73,6 +73,9 @@ def base_manifest(spec: ReleaseSpec, source_report: dict, key: str) -> dict:
         "neighbouring_relation": "records of one equivalence class differing in their ε-quasi values",
         "confidence": spec.confidence,
         "suppression_budget": spec.suppression_budget,
+        "sensitive_criteria": spec.roles.sensitive_criteria(),
+        "max_linking_risk": spec.max_linking_risk,
+        "max_prosecutor_risk": spec.max_prosecutor_risk,
         "roles": spec.roles.names(),
         "source": {"path": spec.source.path, **source_report},
         "rows_in": source_report["rows"],
@@ -106,6 +109,9 @@ PUBLIC_FIELDS = {
         "mechanism": None,
         "privacy_unit": None,
         "e_quasi": "*",
+        "sensitive_criteria": "*",
+        "max_linking_risk": None,
+        "max_prosecutor_risk": None,
     },
     "roles": "*",
     "columns": "*",
@@ -182,6 +188,13 @@ def public_manifest(record: dict, spec: ReleaseSpec, grids: dict[str, float], gu
     }
     if spec.algorithm == "ola":
         method["ola_metric"] = spec.ola_metric
+    # Declared parameters, like k: the criteria enforced and the risk limits the gate applied. The
+    # figures the groups achieve (ℓ, t, homogeneous groups, risks) stay in the private record.
+    if spec.roles.sensitive_criteria():
+        method["sensitive_criteria"] = spec.roles.sensitive_criteria()
+    method["max_linking_risk"] = spec.max_linking_risk
+    if spec.max_prosecutor_risk is not None:
+        method["max_prosecutor_risk"] = spec.max_prosecutor_risk
     document = {
         "release_id": spec.release_id,
         "population_id": spec.population_id,
@@ -208,7 +221,12 @@ def public_manifest(record: dict, spec: ReleaseSpec, grids: dict[str, float], gu
 
 def _unprotected_statistics(record: dict, names: list[str]) -> dict:
     loss = record.get("information_loss", {})
+    disclosure = record.get("disclosure", {})
     available = {
+        "disclosure": {
+            key: disclosure.get(key)
+            for key in ("l_diversity_min", "t_closeness_max", "homogeneous_groups", "prosecutor_risk")
+        },
         "information_loss": {"measured": loss.get("measured"), "predicted": loss.get("predicted")},
         "linking_risk": record.get("linking_risk"),
         "k_quasi_precision": loss.get("k_quasi_precision"),

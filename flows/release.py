@@ -1,7 +1,8 @@
 """The ``governed-release`` flow: one (k,ε)-anonymised release, from spec to published files and audit record.
 
 ingest → (verify the store; already published?) → classify → k-anonymise → check the output folder →
-approve → reserve ε → perturb → suppress → label → validate → stage → record → rename into place
+certain-linking check → approve → reserve ε → perturb → suppress (confidence, then diversity) → label →
+validate → stage → record → rename into place
 
 Nothing is published unless every check passes, and no ε is reserved until every check that does not
 need noise has passed: input, release id, output folder, approval, store. The files are staged under a
@@ -23,16 +24,17 @@ from kepsilon.flows.manifest import base_manifest, idempotency_key, public_manif
 from kepsilon.flows.report import guarantee_statement, publish_figure_artifact, publish_report_artifacts
 from kepsilon.flows.spec import ReleaseSpec
 from kepsilon.tasks.classify import classify_attributes
-from kepsilon.tasks.errors import ReleaseFailed, ValidationFailed, describe_failure
+from kepsilon.tasks.criteria import disclosure_report
+from kepsilon.tasks.errors import ReleaseFailed, SpecError, ValidationFailed, describe_failure
+from kepsilon.tasks.figures import RELEASE_CAPTIONS, private_report_dir, release_figures, write_figures
 from kepsilon.tasks.ingest import ingest_source
 from kepsilon.tasks.k_anonymise import k_anonymise_records
-from kepsilon.tasks.figures import RELEASE_CAPTIONS, private_report_dir, release_figures, write_figures
-from kepsilon.tasks.metrics import errors_by_class, measure_release
+from kepsilon.tasks.metrics import certain_linking_risk, errors_by_class, measure_release
 from kepsilon.tasks.perturb import perturb_records, public_grid
 from kepsilon.tasks.preflight import check_output, find_published
 from kepsilon.tasks.publish import merge_and_shuffle, move_into_place, published_columns, stage_release
 from kepsilon.tasks.record import check_approval, record_outcome, reserve_epsilon, store_location, verify_store
-from kepsilon.tasks.suppress import suppress_linkable
+from kepsilon.tasks.suppress import suppress_linkable, suppress_undiverse
 from kepsilon.tasks.validate import check_release
 
 
@@ -75,6 +77,8 @@ def governed_release(spec: ReleaseSpec) -> dict:
     record["anonymiser"] = partition.report
     record["hierarchies"] = partition.report.get("hierarchies", {})
     output_dir = check_output(spec.output_dir, spec.release_id, _estimate_basis(source, spec))
+
+    _refuse_certain_linking(table, partition, spec)
 
     approval = check_approval(spec, operator, store, record)
     record["approval"] = approval
@@ -160,6 +164,18 @@ def _move_into_place(release_id: str, publication) -> None:
         ) from None
 
 
+def _refuse_certain_linking(table, partition, spec) -> None:
+    """Refuse before ε is reserved when records that get no noise (zero-diameter classes) already put the
+    linking risk above ``max_linking_risk``: the gate would fail after the spend."""
+    kept = table.frame[partition.kept]
+    if certain_linking_risk(kept, partition.class_ids[partition.kept], spec) > spec.max_linking_risk:
+        raise SpecError(
+            "max_linking_risk",
+            "records in classes whose ε-quasi values are all equal get no noise and link to themselves; "
+            "their share alone exceeds the limit",
+        )
+
+
 def _perturb_check_stage(spec, key, table, partition, reservation, store, record, output_dir) -> tuple[dict, object, dict]:
     """The stages that run on reserved budget: noise, suppression, labels, checks, staging the files.
 
@@ -173,6 +189,7 @@ def _perturb_check_stage(spec, key, table, partition, reservation, store, record
     record["seed_commitment"] = perturbation.seed_commitment
 
     suppression = suppress_linkable(kept, perturbation.frame, class_ids, perturbation.scales, spec)
+    suppression = suppress_undiverse(kept, class_ids, suppression, partition, table.roles)
     release = merge_and_shuffle(partition, kept, class_ids, perturbation, suppression, table.roles)
     record.update(measure_release(kept, perturbation.frame, class_ids, partition, suppression, spec, perturbation.scales))
     record["groups"] = published_groups(release, table.roles["k_quasi"], record["rows_in"])
@@ -183,8 +200,12 @@ def _perturb_check_stage(spec, key, table, partition, reservation, store, record
         "measured": measured,
     }
     record["columns"] = published_columns(release, table.roles)
+    # Private: what the published groups achieve on the sensitive columns, and their prosecutor risk.
+    record["disclosure"] = disclosure_report(release, table.roles["k_quasi"], partition.criteria)
 
-    validation = check_release(release, spec, record["rows_in"], sum(record["rows_removed"].values()))
+    validation = check_release(
+        release, spec, record["rows_in"], sum(record["rows_removed"].values()), table.frame, record["linking_risk"]
+    )
     record["checks"] = validation.checks
     if not validation.success:
         raise ValidationFailed(validation.failed_checks)

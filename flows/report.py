@@ -31,6 +31,7 @@ def summary_rows(manifest: dict) -> list[dict]:
         ("relative error, measured", _percent(loss.get("measured"))),
         ("relative error, predicted", _percent(loss.get("predicted"))),
         ("linking risk", _percent(manifest.get("linking_risk"))),
+        ("homogeneous groups", manifest.get("disclosure", {}).get("homogeneous_groups")),
         ("checks passed", f"{sum(c['success'] for c in manifest.get('checks', []))}/{len(manifest.get('checks', []))}"),
         ("output", _shown_path(manifest.get("directory"))),
     ]

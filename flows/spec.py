@@ -62,12 +62,23 @@ class SourceSpec(BaseModel):
         raise SpecError("source.format", f"cannot infer the format of {self.path!r}; set csv or parquet")
 
 
+IdentifierReason = Literal["email", "phone", "national_id", "ip_address", "url", "near_unique"]
+_ACKNOWLEDGE = Field(
+    default=[],
+    description=(
+        "identifier checks this column is known to trip and is released anyway (classification refuses "
+        "otherwise): email, phone, national_id, ip_address, url, near_unique"
+    ),
+)
+
+
 class KQuasi(BaseModel):
     """A quasi-identifier that is generalised until every group has at least k members."""
 
     model_config = _STRICT
 
     column: str
+    acknowledge_identifier: list[IdentifierReason] = _ACKNOWLEDGE
     hierarchy: str | HierarchyBuilder | SkipJsonSchema[None] = Field(
         default=None,
         description=(
@@ -91,6 +102,7 @@ class EQuasi(BaseModel):
     epsilon_share: Annotated[float, Field(gt=0)] | SkipJsonSchema[None] = Field(
         default=None, description="relative share of the record's ε; equal shares if empty"
     )
+    acknowledge_identifier: list[IdentifierReason] = _ACKNOWLEDGE
 
     @model_validator(mode="after")
     def _bounds_ordered(self):
@@ -104,6 +116,61 @@ class EQuasi(BaseModel):
         return self
 
 
+class LDiversity(BaseModel):
+    """ℓ-diversity of a sensitive column in every published group (Machanavajjhala et al. 2007)."""
+
+    model_config = _STRICT
+
+    l: int = Field(ge=2, description="distinct: ≥ ℓ values; entropy: entropy ≥ log ℓ; recursive: r_1 < c·(r_ℓ+…+r_m)")
+    variant: Literal["distinct", "entropy", "recursive"] = "distinct"
+    c: Annotated[float, Field(gt=0)] | SkipJsonSchema[None] = Field(default=None, description="c of recursive (c,ℓ)-diversity (required for it)")
+
+    @model_validator(mode="after")
+    def _c_for_recursive(self):
+        if self.variant == "recursive" and (self.c is None or not math.isfinite(self.c)):
+            raise ValueError("recursive (c,ℓ)-diversity needs a finite c > 0")
+        if self.variant != "recursive" and self.c is not None:
+            raise ValueError("c applies to the recursive variant only")
+        return self
+
+
+class TCloseness(BaseModel):
+    """t-closeness of a sensitive column: EMD (Li, Li, Venkatasubramanian 2007) to the whole table ≤ t."""
+
+    model_config = _STRICT
+
+    t: float = Field(gt=0, le=1, description="largest Earth Mover's Distance allowed")
+    distance: Literal["equal", "ordered", "numeric", "hierarchical"] | SkipJsonSchema[None] = Field(
+        default=None,
+        description="ground distance: equal (nominal), ordered (needs `order`), numeric, hierarchical "
+        "(needs the column's `hierarchy`); default hierarchical when the column has one, else equal",
+    )
+    order: list[str] | SkipJsonSchema[None] = Field(default=None, description="the values in their order, for ordered distance")
+
+
+class SensitiveColumn(BaseModel):
+    """A sensitive column with the disclosure criteria the anonymiser enforces on every published group."""
+
+    model_config = _STRICT
+
+    column: str
+    l_diversity: LDiversity | SkipJsonSchema[None] = None
+    t_closeness: TCloseness | SkipJsonSchema[None] = None
+    hierarchy: str | SkipJsonSchema[None] = Field(default=None, description="hierarchy file, for t-closeness's hierarchical distance")
+    acknowledge_identifier: list[IdentifierReason] = _ACKNOWLEDGE
+
+    @model_validator(mode="after")
+    def _distance(self):
+        if self.t_closeness is not None:
+            distance = self.t_closeness.distance or ("hierarchical" if self.hierarchy else "equal")
+            if distance == "hierarchical" and not self.hierarchy:
+                raise ValueError(f"sensitive {self.column!r}: hierarchical distance needs a `hierarchy`")
+            if distance == "ordered" and not self.t_closeness.order:
+                raise ValueError(f"sensitive {self.column!r}: ordered distance needs `order`")
+            self.t_closeness.distance = distance
+        return self
+
+
 class Roles(BaseModel):
     """Every column of the source gets exactly one role; a column with none is an error."""
 
@@ -112,7 +179,10 @@ class Roles(BaseModel):
     explicit: list[str] = Field(default=[], description="direct identifiers, removed first")
     k_quasi: list[KQuasi] = Field(default=[], description="generalised to k-anonymity")
     e_quasi: list[EQuasi] = Field(default=[], description="numeric, perturbed per class")
-    sensitive: list[str] = Field(default=[], description="released as is")
+    sensitive: list[str | SensitiveColumn] = Field(
+        default=[],
+        description="released as they are; a column name, or `{column, l_diversity, t_closeness}` to enforce criteria",
+    )
 
     def names(self) -> dict[str, list[str]]:
         """Column names per role, in the manifest's shape."""
@@ -120,8 +190,29 @@ class Roles(BaseModel):
             "explicit": list(self.explicit),
             "k_quasi": [q.column for q in self.k_quasi],
             "e_quasi": [q.column for q in self.e_quasi],
-            "sensitive": list(self.sensitive),
+            "sensitive": [s if isinstance(s, str) else s.column for s in self.sensitive],
         }
+
+    def acknowledged_identifiers(self) -> dict[str, set[str]]:
+        """Per column, the identifier checks the spec acknowledges (classification does not refuse them)."""
+        entries = [*self.k_quasi, *self.e_quasi, *(s for s in self.sensitive if not isinstance(s, str))]
+        return {entry.column: set(entry.acknowledge_identifier) for entry in entries}
+
+    def sensitive_criteria(self) -> dict[str, dict]:
+        """The declared ℓ-diversity and t-closeness per sensitive column (public parameters, like k)."""
+        declared = {}
+        for entry in self.sensitive:
+            if isinstance(entry, str) or (entry.l_diversity is None and entry.t_closeness is None):
+                continue
+            criteria = {}
+            if entry.l_diversity is not None:
+                criteria["l_diversity"] = entry.l_diversity.model_dump(mode="json", exclude_none=True)
+            if entry.t_closeness is not None:
+                criteria["t_closeness"] = entry.t_closeness.model_dump(mode="json", exclude_none=True)
+            if entry.hierarchy:
+                criteria["hierarchy"] = Path(entry.hierarchy).name
+            declared[entry.column] = criteria
+        return declared
 
     @model_validator(mode="after")
     def _one_role_per_column(self):
@@ -178,12 +269,22 @@ class ReleaseSpec(BaseModel):
         default="out",
         description="published files go to `output_dir/release_id`; in a spec file, relative to the spec file",
     )
-    publish_statistics: list[Literal["information_loss", "linking_risk", "k_quasi_precision"]] = Field(
+    publish_statistics: list[Literal["information_loss", "linking_risk", "k_quasi_precision", "disclosure"]] = Field(
         default=[],
         description=(
             "statistics computed from the private data to add to the public manifest; "
             "they are not protected by the method (an adversary who knows the other records can solve them)"
         ),
+    )
+    max_linking_risk: float = Field(
+        default=0.10,
+        ge=0,
+        le=1,
+        description="largest linking risk the gate lets through (the method's paper: above 10 % is too risky); "
+        "checked after the noise, so a release over it has spent its ε",
+    )
+    max_prosecutor_risk: Annotated[float, Field(gt=0, le=1)] | SkipJsonSchema[None] = Field(
+        default=None, description="largest 1/|group| of the published groups the gate lets through; none by default"
     )
     operator: str | SkipJsonSchema[None] = Field(default=None, description="who runs the release; defaults to the OS user")
     approval_required: bool = Field(
@@ -282,4 +383,7 @@ def resolve_paths(spec: ReleaseSpec, base: Path) -> ReleaseSpec:
     for quasi in data["roles"]["k_quasi"]:
         if isinstance(quasi["hierarchy"], str):
             quasi["hierarchy"] = absolute(quasi["hierarchy"])
+    for entry in data["roles"]["sensitive"]:
+        if isinstance(entry, dict) and entry.get("hierarchy"):
+            entry["hierarchy"] = absolute(entry["hierarchy"])
     return ReleaseSpec.model_validate(data)

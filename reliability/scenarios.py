@@ -51,8 +51,9 @@ BUDGET_MESSAGE = "exceeds the remaining budget"
 
 # Fault, race and leak scenarios test what survives a kill, a race or a release, not the suppression
 # budget. On a small sample, confidence suppression is random and can exceed 5 %, which would fail a
-# release the scenario needs to succeed; so they allow any suppression and their outcome is fixed.
-NO_BUDGET_FAILURES = {"suppression_budget": 1.0}
+# release the scenario needs to succeed; so they allow any suppression and their outcome is fixed. For
+# the same reason they lift the linking-risk gate (a 600-record sample links more than 10 %).
+NO_BUDGET_FAILURES = {"suppression_budget": 1.0, "max_linking_risk": 1.0}
 
 
 def sample_source(path: Path, n_rows: int) -> Path:
@@ -233,7 +234,9 @@ def bad_input_cases(sample: Path) -> list[dict]:
         {"name": "header only", "text": header, "expect": "no records"},
         {"name": "one row (k=10)", "text": header + lines[1], "expect": None},
         {"name": "k > n (k=500)", "text": "".join(lines), "spec": {"k": 500}, "expect": None},
-        {"name": "all rows identical (60 rows)", "text": identical, "expect": None},
+        # One class of zero diameter: no noise, every record links to itself (risk 100 %), so the
+        # linking-risk gate refuses it, before ε is reserved (the risk is certain without noise).
+        {"name": "all rows identical (60 rows)", "text": identical, "expect": "max_linking_risk"},
         {"name": "ε = 0", "spec": {"epsilon": 0}, "expect": "epsilon"},
         {"name": "ε < 0", "spec": {"epsilon": -1.0}, "expect": "epsilon"},
         {"name": "ε infinite", "spec": {"epsilon": float("inf")}, "expect": "epsilon"},

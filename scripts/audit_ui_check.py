@@ -1,8 +1,9 @@
 """End-to-end check of the officers' read-only browser: Datasette + canned queries, seen by headless Chromium.
 
 Builds a small audit store through the real API in a temporary folder, serves it with
-``datasette serve <store> --metadata audit/datasette.yaml`` on a free port, and opens every one of the twelve
-officers' questions (governance.md's ten, question 4 in two parts, the chain head behind ``verify``, and who ran the advisor) in
+``datasette serve <store> --metadata audit/datasette.yaml`` on a free port, and opens every one of the thirteen
+officers' questions (governance.md's ten, question 4 in two parts, the chain head behind ``verify``, who ran the
+advisor, and the releases with homogeneous groups or failed diversity checks) in
 headless Chromium. Each page must:
 
 - render without an error message,
@@ -47,7 +48,7 @@ S1, S2 = "1" * 64, "2" * 64
 def build_store(path: Path, checkpoint: Path) -> None:
     """Five releases of population 'adult' (cap 1.0), written in the flow's order of calls.
 
-    R1 (ε 0.4) run by bob, approved by carol; R2 (ε 0.2, k 3, public bounds, source S2, numpy 2.4.5)
+    R1 (ε 0.4) run by bob, approved by carol, published with 3 homogeneous groups; R2 (ε 0.2, k 3, public bounds, source S2, numpy 2.4.5)
     self-approved; R3 (ε 0.1) failed after its noise, then rerun from its unsealed seed and published;
     R4 (ε 0.1) drew its noise twice and failed its k-anonymity check; R5 (ε 0.5) refused over the cap.
     A checkpoint is exported at the end.
@@ -60,8 +61,10 @@ def build_store(path: Path, checkpoint: Path) -> None:
     from kepsilon.audit.seeds import seal_seed, unseal_seed
     from kepsilon.audit.store import open_store
 
-    def manifest(release, key, *, k=5, epsilon, basis="diameter", source=S1, numpy="2.4.6", checks=True):
+    def manifest(release, key, *, k=5, epsilon, basis="diameter", source=S1, numpy="2.4.6", checks=True, homogeneous=0):
         return {
+            "disclosure": {"homogeneous_groups": homogeneous, "l_diversity_min": 1 if homogeneous else 2,
+                           "t_closeness_max": 0.5, "prosecutor_risk": 0.2},
             "release_id": release, "population_id": "adult", "idempotency_key": key, "spec_hash": key[-1] * 64,
             "k": k, "epsilon": epsilon, "scale_basis": basis, "mechanism": "laplace", "algorithm": "mondrian",
             "source": {"path": "adult.csv", "sha256": source, "rows": 100},
@@ -80,7 +83,7 @@ def build_store(path: Path, checkpoint: Path) -> None:
     db = open_store(path)
     set_cap(db, "adult", 1.0, "alice", "initial policy")
     r1 = drawn("R1", "k1", 0.4)
-    record_release(db, manifest("R1", "k1", epsilon=0.4), outcome="published", reservation_id=r1.id)
+    record_release(db, manifest("R1", "k1", epsilon=0.4, homogeneous=3), outcome="published", reservation_id=r1.id)
     approve(db, release_id="R1", spec_hash="1" * 64, approver="carol", reason="reviewed")
     r2 = drawn("R2", "k2", 0.2)
     record_release(db, manifest("R2", "k2", k=3, epsilon=0.2, basis="bounds", source=S2, numpy="2.4.5"),
@@ -209,6 +212,8 @@ def expected_pages(chain_entries: int, head_hash: str, checkpoint_entries: int) 
         "failures": ("/audit/failures",
                      [{"release_id": "R3", "outcome": "failed"}, {"release_id": "R4", "outcome": "failed"},
                       {"release_id": "R5", "outcome": "refused"}]),
+        "diversity": ("/audit/diversity",
+                      [{"release_id": "R1", "homogeneous_groups": "3", "l_diversity_min": "1"}]),
         "scale_basis": ("/audit/scale_basis?basis=bounds", [{"release_id": "R2", "noise_scale": "public bounds"}]),
         "unseals": ("/audit/unseals",
                     [{"release_id": "R3", "actor": "kepsilon-flow", "commitment_verified": "yes"}]),

@@ -17,6 +17,8 @@ cell) or a Parquet null. Then:
   in data.parquet), a Parquet column keeps its type.
 """
 
+import ipaddress
+import re
 from dataclasses import dataclass
 
 import numpy as np
@@ -124,10 +126,103 @@ def _is_arrow_text(dtype) -> bool:
     return data_type is not None and (pa_types.is_string(data_type) or pa_types.is_large_string(data_type))
 
 
+# --- identifier detection --------------------------------------------------------------------------
+#
+# A column released under any role but ``explicit`` must not be a direct identifier. Two signals:
+# its values look like one (a share of at least IDENTIFIER_SHARE of the non-missing records matches a
+# pattern), or it is nearly unique (more than NEAR_UNIQUE_RATIO distinct values per non-missing record,
+# judged only with at least NEAR_UNIQUE_MIN_ROWS of them: in a few records a ratio says little).
+# ε-quasis are exempt from near-uniqueness: they are numbers the method expects to be continuous (a
+# height to the millimetre is unique in small tables), it perturbs them per class, and the linking-risk
+# gate (max_linking_risk) measures exactly how often their noisy values still single a record out.
+
+IDENTIFIER_SHARE = 0.5
+NEAR_UNIQUE_RATIO = 0.9
+NEAR_UNIQUE_MIN_ROWS = 100
+
+_PATTERNS = {
+    "email": re.compile(r"^[^@\s]+@[^@\s]+\.[A-Za-z]{2,}$"),
+    "url": re.compile(r"^(?:(?:https?|ftp)://|www\.)\S+$", re.IGNORECASE),
+    # 7–15 digits with a leading +, an area code in parentheses, or at least two separated digit groups
+    # ("+353 1 234 5678", "(01) 234-5678", "01 234 5678"); a year range such as 1976-1977 has one.
+    "phone": re.compile(
+        r"^(?=(?:\D*\d){7,15}\D*$)(?:\+\d[\d ().-]*|\(\d+\)[\d ().-]*|\d+[ .-]\d+[ .-]\d[\d ().-]*)$"
+    ),
+    # US SSN, UK NINO, Irish PPSN, and letter-prefixed or bare codes of 6–12 digits (passport, tax ids).
+    "national_id": re.compile(
+        r"^(?:\d{3}-\d{2}-\d{4}|[A-CEGHJ-PR-TW-Z]{2}\s?\d{2}\s?\d{2}\s?\d{2}\s?[A-D]|\d{7}[A-W][A-IW]?"
+        r"|[A-Z]{0,3}\d{6,12}[A-Z]{0,2})$",
+        re.IGNORECASE,
+    ),
+}
+_ISO_DATE = re.compile(r"^\d{4}-\d{2}-\d{2}")
+
+
+def _looks_like(reason: str, value: str) -> bool:
+    """Whether one distinct value looks like a direct identifier of the given kind."""
+    if reason == "ip_address":
+        try:
+            ipaddress.ip_address(value)
+        except ValueError:
+            return False
+        return True
+    if reason == "phone" and (_ISO_DATE.match(value) or _looks_like("ip_address", value)):
+        return False
+    return bool(_PATTERNS[reason].match(value))
+
+
+def identifier_reasons(values: pd.Series, near_unique: bool = True) -> list[str]:
+    """Why a column looks like a direct identifier: pattern kinds matched by at least IDENTIFIER_SHARE of
+    its non-missing records, and ``near_unique`` (when asked). Text columns are matched against the
+    patterns. Returns reasons only, never a value."""
+    present = values.dropna()
+    if len(present) == 0:
+        return []
+    reasons = []
+    if not (pd.api.types.is_numeric_dtype(present) or pd.api.types.is_bool_dtype(present)):
+        counts = present.astype(str).str.strip().value_counts()
+        for reason in ("email", "url", "ip_address", "national_id", "phone"):
+            matched = counts[[_looks_like(reason, value) for value in counts.index]].sum()
+            if matched >= IDENTIFIER_SHARE * len(present):
+                reasons.append(reason)
+    if near_unique and len(present) >= NEAR_UNIQUE_MIN_ROWS and present.nunique() > NEAR_UNIQUE_RATIO * len(present):
+        reasons.append("near_unique")
+    return reasons
+
+
+_REASON_TEXT = {
+    "email": "its values look like e-mail addresses",
+    "url": "its values look like URLs",
+    "ip_address": "its values look like IP addresses",
+    "phone": "its values look like phone numbers",
+    "national_id": "its values look like national identification numbers",
+    "near_unique": f"it is nearly unique (more than {NEAR_UNIQUE_RATIO:.0%} distinct values per record)",
+}
+
+
+def check_identifiers(frame: pd.DataFrame, roles: Roles) -> None:
+    """Refuse a released column (any role but explicit) that looks like a direct identifier, unless the
+    spec acknowledges that reason for it (``acknowledge_identifier``). The error names the column and the
+    reason, never a value."""
+    acknowledged = roles.acknowledged_identifiers()
+    names = roles.names()
+    for column in names["k_quasi"] + names["e_quasi"] + names["sensitive"]:
+        reasons = identifier_reasons(frame[column], near_unique=column not in names["e_quasi"])
+        unacknowledged = [r for r in reasons if r not in acknowledged.get(column, set())]
+        if unacknowledged:
+            reason = unacknowledged[0]
+            raise InputError(
+                column,
+                f"looks like a direct identifier: {_REASON_TEXT[reason]}; make it explicit (removed), or "
+                f"acknowledge it in the spec with `acknowledge_identifier: [{reason}]` on the column",
+            )
+
+
 def classify(frame: pd.DataFrame, spec: ReleaseSpec) -> ClassifiedTable:
-    """Apply the spec's roles: validate the columns, decide what is missing and what is a number per
-    role (module docstring), drop the explicit identifiers."""
+    """Apply the spec's roles: validate the columns, refuse direct identifiers, decide what is missing and
+    what is a number per role (module docstring), drop the explicit identifiers."""
     check_roles([str(c) for c in frame.columns], spec.roles)
+    check_identifiers(frame, spec.roles)
     names = spec.roles.names()
     missing_texts = list(spec.source.missing) if _is_csv(spec) else None
     frame = frame.drop(columns=names["explicit"])

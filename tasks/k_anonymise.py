@@ -49,6 +49,7 @@ import pandas as pd
 from prefect import task
 from prefect.cache_policies import NO_CACHE
 
+from .criteria import ColumnCriteria, build_criteria, declared, group_value_counts, load_sensitive_hierarchies
 from .errors import InputError, SpecError
 from .hierarchy import Hierarchy, categorical_precision, load_hierarchy, lowest_common_levels
 from .hierarchy_builders import build_hierarchy
@@ -71,6 +72,7 @@ class Partition:
     report: dict
     hierarchies: dict = field(default_factory=dict, repr=False)
     levels: dict | None = None  # OLA's node {column: level}; None: each class at its lowest common level
+    criteria: list = field(default_factory=list, repr=False)  # criteria.ColumnCriteria per sensitive column
 
 
 @dataclass(frozen=True)
@@ -125,8 +127,18 @@ class _Classes:
     high_codes: list[np.ndarray]
 
 
-def mondrian(frame: pd.DataFrame, columns: list[str], k: int, hierarchies: dict[str, Hierarchy]) -> Partition:
+def mondrian(
+    frame: pd.DataFrame,
+    columns: list[str],
+    k: int,
+    hierarchies: dict[str, Hierarchy],
+    criteria: list[ColumnCriteria] | None = None,
+) -> Partition:
     """k-anonymise ``frame`` on the k-quasi ``columns`` with strict multidimensional Mondrian.
+
+    ``criteria``: sensitive-column criteria (ℓ-diversity, t-closeness; ``kepsilon.tasks.criteria``). A
+    cut is allowed only when both halves meet every declared one, as well as holding ≥ k records; the
+    whole table must meet them (else ``SpecError`` naming the column).
 
     ``hierarchies`` maps a column to its hierarchy (entries for other columns are ignored); such a
     column is categorical and released as the lowest common hierarchy label of each class. A numeric
@@ -146,7 +158,8 @@ def mondrian(frame: pd.DataFrame, columns: list[str], k: int, hierarchies: dict[
     """
     check_anonymiser_parameters(frame, columns, k)
     dimensions = [_encode(frame[column], hierarchies.get(column)) for column in columns]
-    classes = _split_into_classes(dimensions, k)
+    sensitive = _SensitiveCounts.build(declared(criteria or []), frame, dimensions)
+    classes = _split_into_classes(dimensions, k, sensitive)
 
     released, precision, generalisation = {}, {}, {}
     for j, dimension in enumerate(dimensions):
@@ -284,7 +297,48 @@ def _distinct_tuples(dimensions: list[_Dimension]) -> _Units:
     )
 
 
-def _split_into_classes(dimensions: list[_Dimension], k: int) -> _Classes:
+@dataclass(frozen=True)
+class _SensitiveCounts:
+    """Per declared sensitive column: (unit, value) pairs with their record counts, to count the
+    sensitive values of any set of units (a cut's halves) with one bincount."""
+
+    criteria: list
+    pairs: list  # per column: (unit of pair, value code of pair, records of pair)
+
+    @classmethod
+    def build(cls, criteria: list, frame: pd.DataFrame, dimensions: list) -> "_SensitiveCounts | None":
+        if not criteria:
+            return None
+        units = _distinct_tuples(dimensions)
+        pairs = []
+        for criterion in criteria:
+            m = len(criterion.domain)
+            key = units.of_row * m + criterion.codes(frame[criterion.column])
+            unique, counts = np.unique(key, return_counts=True)
+            pairs.append((unique // m, unique % m, counts))
+        return cls(criteria, pairs)
+
+    def satisfied(self, unit_group: np.ndarray, n_groups: int) -> np.ndarray:
+        """Whether each group of units (``unit_group[u]``, −1: in none) meets every declared criterion."""
+        ok = np.ones(n_groups, dtype=bool)
+        for criterion, (unit, value, count) in zip(self.criteria, self.pairs):
+            group = unit_group[unit]
+            inside = group >= 0
+            counts = group_value_counts(group[inside], value[inside], n_groups, len(criterion.domain), count[inside])
+            ok &= criterion.satisfied(counts)
+        return ok
+
+    def check_whole_table(self, n_units: int) -> None:
+        """Refuse when the whole table fails a criterion: no partition of it can meet it."""
+        for criterion, (unit, value, count) in zip(self.criteria, self.pairs):
+            counts = group_value_counts(np.zeros(len(unit), dtype=np.int64), value, 1, len(criterion.domain), count)
+            if not criterion.satisfied(counts)[0]:
+                raise SpecError(
+                    f"roles.sensitive.{criterion.column}", "the whole table does not meet its criteria; no release can"
+                )
+
+
+def _split_into_classes(dimensions: list[_Dimension], k: int, sensitive: "_SensitiveCounts | None" = None) -> _Classes:
     """Run the Mondrian recursion breadth-first, one depth per iteration, all partitions at once.
 
     The recursion works on distinct k-quasi tuples weighted by their row counts: a cut never separates
@@ -295,6 +349,8 @@ def _split_into_classes(dimensions: list[_Dimension], k: int) -> _Classes:
     """
     units = _distinct_tuples(dimensions)
     n_units = len(units.weights)
+    if sensitive is not None:
+        sensitive.check_whole_table(n_units)
     orders = [np.argsort(codes, kind="stable") for codes in units.codes]
     block_tuples = np.array([n_units], dtype=np.int64)
     block_rows = np.array([len(units.of_row)], dtype=np.int64)
@@ -302,7 +358,7 @@ def _split_into_classes(dimensions: list[_Dimension], k: int) -> _Classes:
     closed_low, closed_high = [[] for _ in dimensions], [[] for _ in dimensions]
     n_closed = 0
     while len(block_tuples):
-        cut = _choose_cuts(dimensions, units, orders, block_tuples, block_rows, k)
+        cut = _choose_cuts(dimensions, units, orders, block_tuples, block_rows, k, sensitive)
         closing = cut.left_tuples == 0
         if closing.any():
             closing_units = np.repeat(closing, block_tuples)
@@ -357,9 +413,10 @@ class _Cuts:
         return _Cuts(self.dimension[selected], self.left_tuples[selected], self.left_rows[selected], [], [])
 
 
-def _choose_cuts(dimensions, units, orders, block_tuples, block_rows, k) -> _Cuts:
+def _choose_cuts(dimensions, units, orders, block_tuples, block_rows, k, sensitive=None) -> _Cuts:
     """Choose every block's cut: the widest dimension among those whose median cut keeps ≥ k rows on
-    each side, which is the same as trying the dimensions from widest to narrowest."""
+    each side (and, with ``sensitive`` criteria, leaves both halves meeting them), which is the same as
+    trying the dimensions from widest to narrowest."""
     starts = _block_starts(block_tuples)
     ends = starts + block_tuples
     block_of = np.repeat(np.arange(len(block_tuples)), block_tuples)
@@ -382,12 +439,27 @@ def _choose_cuts(dimensions, units, orders, block_tuples, block_rows, k) -> _Cut
             sorted_codes, rows_before, block_of, starts, block_rows, dimension.n_distinct, k
         )
         width = (dimension.upper_edge[high] - dimension.lower_edge[low]) / dimension.scale
-        better = (left_tuples > 0) & (width > best_width)
+        allowed = left_tuples > 0
+        if sensitive is not None and allowed.any():
+            allowed &= _halves_satisfy(sensitive, order, starts, block_of, left_tuples, len(units.weights))
+        better = allowed & (width > best_width)
         best_width[better] = width[better]
         best.dimension[better] = j
         best.left_tuples[better] = left_tuples[better]
         best.left_rows[better] = left_rows[better]
     return best
+
+
+def _halves_satisfy(sensitive, order, starts, block_of, left_tuples, n_units) -> np.ndarray:
+    """Per block: whether both halves of its cut (the first ``left_tuples`` tuples of the block in
+    ``order``, and the rest) meet every declared sensitive criterion."""
+    position = np.arange(len(order))
+    in_left = position - starts[block_of] < left_tuples[block_of]
+    n_blocks = len(starts)
+    unit_half = np.full(n_units, -1, dtype=np.int64)
+    unit_half[order] = 2 * block_of + np.where(in_left, 0, 1)  # group 2b: left half of b, 2b+1: right half
+    both = sensitive.satisfied(unit_half, 2 * n_blocks).reshape(n_blocks, 2)
+    return both[:, 0] & both[:, 1]
 
 
 def _median_cut(sorted_codes, rows_before, block_of, starts, block_rows, n_distinct, k):
@@ -572,13 +644,15 @@ def k_anonymise(frame: pd.DataFrame, spec) -> Partition:
     """Partition the records with the spec's algorithm (Mondrian or OLA); hierarchy hashes go in the report."""
     hierarchies = load_hierarchies(spec, frame)
     columns = [q.column for q in spec.roles.k_quasi]
+    criteria = build_criteria(spec.roles.sensitive, frame, load_sensitive_hierarchies(spec.roles.sensitive))
     if spec.algorithm == "ola":
         from .ola import ola  # OLA returns this module's Partition; imported here to avoid a cycle
 
-        partition = ola(frame, columns, spec.k, hierarchies, spec.suppression_budget, spec.ola_metric)
+        partition = ola(frame, columns, spec.k, hierarchies, spec.suppression_budget, spec.ola_metric, criteria)
         partition.levels = {column: int(level) for column, level in partition.report["node"].items()}
     else:
-        partition = mondrian(frame, columns, spec.k, hierarchies)
+        partition = mondrian(frame, columns, spec.k, hierarchies, criteria)
+    partition.criteria = criteria
     partition.hierarchies = hierarchies
     partition.report["hierarchies"] = {column: h.sha256 for column, h in hierarchies.items()}
     return partition

@@ -112,6 +112,26 @@ def linking_risk(original, noisy, class_ids) -> float:
     return float(linked.mean()) if len(linked) else 0.0
 
 
+def certain_linking_risk(frame: pd.DataFrame, class_ids, spec) -> float:
+    """A lower bound of the linking risk known before any noise: the largest share, over ε-quasis, of the
+    kept records whose class has zero diameter in that column (diameter basis only; 0 otherwise).
+
+    Such a class gets no noise (b = 0), its records keep their values, survive confidence suppression
+    (each value matches its whole class) and link to themselves. Published records are at most the kept
+    ones, so the share can only grow. The flow refuses a release whose bound already exceeds
+    ``max_linking_risk`` before reserving ε ("refuse before you spend").
+    """
+    if spec.scale_basis != "diameter" or not len(frame):
+        return 0.0
+    dense_ids, n_classes = dense_class_ids(class_ids, len(frame))
+    shares = []
+    for quasi in spec.roles.e_quasi:
+        values = np.clip(frame[quasi.column].to_numpy(dtype=np.float64), quasi.lower, quasi.upper)
+        zero = class_diameters(values, dense_ids, n_classes) == 0
+        shares.append(float(zero[dense_ids].mean()))
+    return max(shares, default=0.0)
+
+
 def class_statistics(class_ids, n_suppressed: int) -> dict[str, Any]:
     """Class counts and sizes, discernibility and prosecutor risk of the kept rows.
 
@@ -291,6 +311,8 @@ def release_metrics(
         "confidence_suppression_record_rule": int(suppression.record_rule.sum()),
         "confidence_suppression_class_rule": int(suppression.class_rule.sum()),
     }
+    if getattr(suppression, "criteria_rule", None) is not None:
+        rows_removed["diversity_suppression"] = int(suppression.criteria_rule.sum())
     columns = per_column.values()
     return {
         "rows_removed": rows_removed,

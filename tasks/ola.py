@@ -32,6 +32,19 @@ Why the search is exact although it groups only a fraction of the nodes:
   beat the best score (branch and bound). ``precision`` strictly increases along generalisation,
   so for it that step ends at once.
 
+Sensitive criteria (ℓ-diversity, t-closeness; ``kepsilon.tasks.criteria``): a class that fails one
+is suppressed like a class smaller than k, within the same budget, and the optimum is over the nodes
+whose suppressed records fit the budget. Monotonicity decides how that optimum is found:
+
+* with no criterion, or only ℓ-distinct ones, the suppressed set still shrinks along generalisation
+  (a kept class merged with any other keeps ≥ k records and ≥ ℓ distinct values), so the predictive
+  tagging above stays exact;
+* with entropy or recursive ℓ-diversity or t-closeness it does not (a diverse class merged with a
+  suppressed homogeneous one can fail), so nothing is tagged: every node whose bound can still beat
+  the best score is grouped and checked, in increasing (bound, tie rank) order, until none can. The
+  bounds stay valid (they do not assume monotone suppression), so the result is the same optimum an
+  exhaustive search finds; it only groups more nodes.
+
 Speed: records are reduced to their distinct k-quasi tuples (weighted by count) once; a node is
 grouped by one mixed-radix integer key over per-level label codes, and a node is grouped from the
 classes of its smallest already-grouped specialisation when one is cached ("roll-up"), which holds
@@ -46,7 +59,8 @@ from typing import TYPE_CHECKING
 import numpy as np
 import pandas as pd
 
-from .errors import HierarchyError, InputError, SpecError
+from .criteria import declared, group_value_counts, monotone_under_suppression
+from .errors import HierarchyError, SpecError
 from .hierarchy import Hierarchy
 
 if TYPE_CHECKING:  # imported lazily at run time: k_anonymise also carries Prefect task wrappers
@@ -73,6 +87,7 @@ def ola(
     hierarchies: Mapping[str, Hierarchy],
     suppression_budget: float,
     metric: str = "precision",
+    criteria: list | None = None,
 ) -> "Partition":
     """k-anonymise ``columns`` of ``frame`` by the optimal full-domain generalisation.
 
@@ -103,8 +118,11 @@ def ola(
     (chosen ``node`` {column: level}, ``metric``/``metric_value``, ``nodes_in_lattice``,
     ``nodes_evaluated``, suppression and class-size figures).
 
-    Raises ``SpecError`` for a bad ``columns``/``k``/``suppression_budget``/``metric`` or when even
-    the most general node is not k-anonymous within the budget, ``InputError`` for a column missing
+    ``criteria``: sensitive-column criteria (``kepsilon.tasks.criteria.ColumnCriteria``); classes that
+    fail a declared one are suppressed too (see the module docstring for how the search stays exact).
+
+    Raises ``SpecError`` for a bad ``columns``/``k``/``suppression_budget``/``metric`` or when no node
+    is k-anonymous (and meets the criteria) within the budget, ``InputError`` for a column missing
     from the data, ``HierarchyError`` for a missing, non-nested or non-covering hierarchy. Messages
     name the column or parameter, never a value.
     """
@@ -117,15 +135,23 @@ def ola(
     records = _RecordTuples.from_leaf_codes(leaf_codes)
     lattice = _Lattice(tuple(h.height for h in ordered_hierarchies))
     objective = _Objective.build(metric, lattice, records, ordered_hierarchies)
-    evaluator = _NodeEvaluator(records, ordered_hierarchies, k, objective.record_costs)
+    enforced = declared(criteria or [])
+    sensitive = _SensitivePairs.build(enforced, frame, records) if enforced else None
+    evaluator = _NodeEvaluator(records, ordered_hierarchies, k, objective.record_costs, sensitive)
     search = _OptimalSearch(lattice, evaluator, objective, max_suppressed=math.floor(suppression_budget * n + 1e-9))
-    if not search.evaluate(lattice.top):
+    monotone = monotone_under_suppression(enforced)
+    if monotone and search.evaluate(lattice.top):
+        node, value = search.run()
+    elif not monotone and search.run_every_node():
+        node, value = search.best_node, search.objective.value(search.best_key[0])
+    else:
         raise SpecError(
             "k",
-            f"no generalisation of the k-quasis is {k}-anonymous within suppression_budget "
-            f"{suppression_budget}, not even the most general one",
+            f"no generalisation of the k-quasis is {k}-anonymous"
+            + (" and meets the sensitive criteria" if enforced else "")
+            + f" within suppression_budget {suppression_budget}"
+            + (", not even the most general one" if monotone else ""),
         )
-    node, value = search.run()
     return _materialise(
         frame,
         columns,
@@ -142,6 +168,7 @@ def ola(
             "metric_value": value,
             "nodes_in_lattice": lattice.size,
             "nodes_evaluated": evaluator.nodes_evaluated,
+            "search": "predictive tagging" if monotone else "every node that could beat the best (non-monotone criteria)",
         },
     )
 
@@ -335,9 +362,10 @@ class _RollupCache:
 class _NodeEvaluator:
     """Groups the records at lattice nodes and caches what each grouping tells."""
 
-    def __init__(self, records: _RecordTuples, hierarchies: list[Hierarchy], k: int, record_costs=None):
+    def __init__(self, records: _RecordTuples, hierarchies: list[Hierarchy], k: int, record_costs=None, sensitive=None):
         self.records = records
         self.k = k
+        self.sensitive = sensitive  # _SensitivePairs, or None: only size decides suppression
         self.record_costs = record_costs  # record_costs[c][level]: per tuple, or None if not needed
         # codes[c][level]: label code at that level of every distinct tuple's value in column c.
         self.codes = [
@@ -367,11 +395,14 @@ class _NodeEvaluator:
         cached = self._stats.get(node)
         if cached is not None:
             return cached
-        source = self._rollup.smallest_specialisation(node) or self.all_tuples
-        _, classes = self.group(node, source)
-        self._rollup.add(node, classes)
+        if self.sensitive is None:
+            source = self._rollup.smallest_specialisation(node) or self.all_tuples
+            _, classes = self.group(node, source)
+            self._rollup.add(node, classes)
+            small = classes.sizes < self.k
+        else:  # the criteria count sensitive values per class, so group every tuple
+            _, classes, small = self.suppressed_classes(node)
         sizes = classes.sizes
-        small = sizes < self.k
         squares = sizes * sizes
         excess = 0.0
         if self.record_costs is not None and small.any():
@@ -388,6 +419,43 @@ class _NodeEvaluator:
         )
         self._stats[node] = stats
         return stats
+
+
+    def suppressed_classes(self, node: tuple[int, ...]) -> tuple[np.ndarray, _Classes, np.ndarray]:
+        """Class of every distinct tuple at ``node``, the classes, and which classes are suppressed:
+        smaller than k, or failing a declared sensitive criterion."""
+        class_of_tuple, classes = self.group(node, self.all_tuples)
+        suppressed = classes.sizes < self.k
+        if self.sensitive is not None:
+            suppressed |= ~self.sensitive.satisfied(class_of_tuple, len(classes.sizes))
+        return class_of_tuple, classes, suppressed
+
+
+@dataclass(frozen=True)
+class _SensitivePairs:
+    """Per declared sensitive column: the (distinct k-quasi tuple, sensitive value) pairs and their
+    record counts, so a node's per-class value counts are one bincount over the pairs."""
+
+    criteria: list
+    pairs: list  # per column: (tuple of pair, value code of pair, records of pair)
+
+    @classmethod
+    def build(cls, criteria: list, frame: pd.DataFrame, records: _RecordTuples) -> "_SensitivePairs":
+        pairs = []
+        for criterion in criteria:
+            m = len(criterion.domain)
+            key = records.tuple_of_record.astype(np.int64) * m + criterion.codes(frame[criterion.column])
+            unique, counts = np.unique(key, return_counts=True)
+            pairs.append((unique // m, unique % m, counts))
+        return cls(criteria, pairs)
+
+    def satisfied(self, class_of_tuple: np.ndarray, n_classes: int) -> np.ndarray:
+        """Whether each class meets every declared criterion."""
+        ok = np.ones(n_classes, dtype=bool)
+        for criterion, (tuple_of_pair, value, count) in zip(self.criteria, self.pairs):
+            counts = group_value_counts(class_of_tuple[tuple_of_pair], value, n_classes, len(criterion.domain), count)
+            ok &= criterion.satisfied(counts)
+        return ok
 
 
 # --------------------------------------------------------------------------------------------------
@@ -541,6 +609,32 @@ class _OptimalSearch:
         self._score_remaining_candidates()
         return self.best_node, self.objective.value(self.best_key[0])
 
+    def run_every_node(self) -> bool:
+        """Search without tagging, for non-monotone criteria: group every node in increasing (bound,
+        tie rank) order while its bound can still beat the best score; score those within the budget.
+
+        Exact: a node left out has a bound, hence a score, no better than the best found, and the
+        bounds (precision: the score itself; loss: loss without suppression; discernibility: raised by
+        ``learn``, valid whichever classes are suppressed) never assume monotone suppression. Returns
+        whether any node qualified.
+        """
+        bound, rank = self.objective.bound, self.lattice.tie_rank
+        grouped = np.zeros(self.lattice.shape, dtype=bool)
+        while not grouped.all():
+            open_bounds = np.where(grouped, np.inf, bound.astype(np.float64))
+            lowest = open_bounds.min()
+            ties = np.flatnonzero((~grouped & (open_bounds == lowest)).ravel())
+            flat = ties[np.argmin(rank.ravel()[ties])]
+            node = tuple(int(x) for x in np.unravel_index(flat, self.lattice.shape))
+            if not self._may_beat_best(node):
+                break
+            grouped[node] = True
+            stats = self.evaluator.stats(node)
+            self.objective.learn(node, stats)
+            if stats.suppressed <= self.max_suppressed:
+                self._score(node, stats)
+        return self.best_node is not None
+
     def evaluate(self, node: tuple[int, ...]) -> bool:
         """Group ``node``; tag its up-set or down-set; score it if k-anonymous."""
         stats = self.evaluator.stats(node)
@@ -624,10 +718,9 @@ def _materialise(frame, columns, hierarchies, leaf_codes, records, evaluator, no
     """
     from .k_anonymise import Partition  # the result type shared with Mondrian (see the top import)
 
-    class_of_tuple, classes = evaluator.group(node, evaluator.all_tuples)
-    sizes = classes.sizes
+    class_of_tuple, classes, suppressed = evaluator.suppressed_classes(node)
     raw_class = class_of_tuple[records.tuple_of_record]
-    kept = sizes[raw_class] >= evaluator.k
+    kept = ~suppressed[raw_class]
     class_ids = np.full(len(frame), -1, dtype=np.int64)
     if kept.any():
         _, first_row, inverse = np.unique(raw_class[kept], return_index=True, return_inverse=True)

@@ -37,7 +37,9 @@ import pandas as pd
 from prefect import task
 from prefect.cache_policies import NO_CACHE
 
+from .criteria import declared, failing_group_rows
 from .errors import SpecError
+from .k_anonymise import published_labels
 from .perturb import dense_class_ids
 
 
@@ -53,6 +55,7 @@ class SuppressionResult:
     class_rule: np.ndarray
     removed: np.ndarray
     report: dict[str, Any]
+    criteria_rule: np.ndarray | None = None  # rows of groups failing a sensitive criterion (None: none declared)
 
 
 def _check_parameters(k: int, confidence: float) -> None:
@@ -248,7 +251,42 @@ def suppress_records(original: pd.DataFrame, noisy: pd.DataFrame, class_ids: np.
     return result
 
 
+def suppress_failing_groups(kept: pd.DataFrame, class_ids: np.ndarray, suppression: SuppressionResult, partition,
+                            roles: dict) -> SuppressionResult:
+    """Remove the published groups that fail a declared sensitive criterion ("diversity suppression").
+
+    The anonymiser's classes meet the criteria, but confidence suppression removes records after it,
+    which can leave a class homogeneous or far from the table's distribution. So the groups are formed
+    as they will be published (labels from the records still published, rows sharing all labels) and a
+    failing group is removed whole. Removing whole groups changes no other group's labels (a class's
+    labels come from its own published members), so one pass leaves every published group meeting the
+    criteria. In bounds mode nothing was removed after the anonymiser and groups are unions of classes
+    that meet them (ℓ-distinct and entropy/recursive ℓ are kept by unions, EMD is convex), so nothing is
+    removed here either. Counted against the suppression budget like every stage.
+    """
+    enforced = declared(partition.criteria)
+    if not enforced:
+        return suppression
+    published = ~suppression.removed
+    labels = published_labels(kept[roles["k_quasi"]], class_ids, published, partition.hierarchies, partition.levels)
+    failing = failing_group_rows(labels, kept, published, enforced)
+    return SuppressionResult(
+        record_rule=suppression.record_rule,
+        class_rule=suppression.class_rule,
+        removed=suppression.removed | failing,
+        report={**suppression.report, "removed_by_criteria": int(failing.sum())},
+        criteria_rule=failing,
+    )
+
+
 # --- Prefect task (thin wrapper; the functions above know nothing of Prefect) -----------------
+
+
+@task(name="diversity-suppress", cache_policy=NO_CACHE, persist_result=False)
+def suppress_undiverse(kept: pd.DataFrame, class_ids: np.ndarray, suppression, partition, roles: dict):
+    """Prefect task: remove the published groups that fail a declared sensitive criterion."""
+    return suppress_failing_groups(kept, class_ids, suppression, partition, roles)
+
 
 
 @task(name="suppress", cache_policy=NO_CACHE, persist_result=False)

@@ -18,6 +18,14 @@ Checks (a failed or raising expectation counts as a failed check — the gate fa
 - ``k_quasi_columns_present``: every k-quasi column exists (`ExpectTableColumnsToMatchSet`, subset).
 - ``published_rows_match_accounting``: the table has exactly ``rows_in − rows_removed`` rows
   (`ExpectTableRowCountToEqual`), so the suppression check is made on the numbers actually published.
+- ``l_diversity:<col>`` / ``t_closeness:<col>``, one per declared criterion: every group of the
+  published rows (grouped by the k-quasi columns, counted here from the table itself, not from the
+  anonymiser's classes) is ℓ-diverse / has EMD ≤ t to the whole input table's distribution (custom
+  `ExpectGroupsToBeLDiverse`, `ExpectGroupsToBeTClose`; the functions of ``kepsilon.tasks.criteria``).
+- ``prosecutor_risk_within_limit`` (when ``max_prosecutor_risk`` is set): 1/smallest group ≤ the limit
+  (custom `ExpectGroupsProsecutorRiskAtMost`).
+- ``linking_risk_within_limit``: the release's linking risk ≤ ``max_linking_risk`` (data-free, plain: the
+  risk needs the true values and the noise, which the published table does not hold).
 """
 
 from __future__ import annotations
@@ -55,6 +63,8 @@ from great_expectations.expectations.metrics.table_metric_provider import (  # n
     TableMetricProvider,
 )
 
+from kepsilon.tasks.criteria import build_criteria, declared, gate_parameters, groups_meet  # noqa: E402
+from kepsilon.tasks.criteria import load_sensitive_hierarchies  # noqa: E402
 from kepsilon.tasks.errors import SpecError  # noqa: E402
 
 logger = logging.getLogger(__name__)
@@ -67,6 +77,10 @@ NO_EXPLICIT_IDENTIFIERS = "no_explicit_identifiers"
 E_QUASI_NUMERIC_FINITE = "e_quasi_numeric_finite"
 K_QUASI_COLUMNS_PRESENT = "k_quasi_columns_present"
 PUBLISHED_ROWS_MATCH_ACCOUNTING = "published_rows_match_accounting"
+L_DIVERSITY = "l_diversity"
+T_CLOSENESS = "t_closeness"
+PROSECUTOR_RISK_WITHIN_LIMIT = "prosecutor_risk_within_limit"
+LINKING_RISK_WITHIN_LIMIT = "linking_risk_within_limit"
 
 _CHECK_META_KEY = "kepsilon_check"
 
@@ -129,6 +143,33 @@ class TableMinGroupSize(TableMetricProvider):
         return smallest_group_size(frame, list(metric_value_kwargs["group_columns"]))
 
 
+class TableGroupsMeetCriterion(TableMetricProvider):
+    """Metric: whether every group (rows sharing `group_columns`) meets a sensitive criterion on
+    `column` (a boolean, no values)."""
+
+    metric_name = "table.kepsilon_groups_meet_criterion"
+    value_keys = ("group_columns", "column", "parameters")
+
+    @metric_value(engine=PandasExecutionEngine)
+    def _pandas(
+        cls,
+        execution_engine: PandasExecutionEngine,
+        metric_domain_kwargs: dict,
+        metric_value_kwargs: dict,
+        metrics: dict[str, Any],
+        runtime_configuration: dict,
+    ):
+        frame, _, _ = execution_engine.get_compute_domain(
+            metric_domain_kwargs, domain_type=MetricDomainTypes.TABLE
+        )
+        return groups_meet(
+            frame,
+            list(metric_value_kwargs["group_columns"]),
+            metric_value_kwargs["column"],
+            dict(metric_value_kwargs["parameters"]),
+        )
+
+
 class ColumnIsFiniteNumeric(ColumnAggregateMetricProvider):
     """Metric: whether a column is numeric with only finite values (a boolean, no values)."""
 
@@ -161,6 +202,45 @@ class ExpectColumnGroupsToHaveAtLeastKRows(BatchExpectation):
     def _validate(self, metrics: dict, runtime_configuration: dict | None = None, execution_engine=None):
         smallest = metrics["table.kepsilon_min_group_size"]
         return {"success": smallest is None or smallest >= self.k}
+
+
+class _ExpectGroupsToMeetCriterion(BatchExpectation):
+    """Expect every group of rows sharing their `group_columns` values to meet a criterion on `column`."""
+
+    group_columns: list[str]
+    column: str
+    parameters: dict
+
+    metric_dependencies: ClassVar[tuple[str, ...]] = ("table.kepsilon_groups_meet_criterion",)
+    success_keys: ClassVar[tuple[str, ...]] = ("group_columns", "column", "parameters")
+    args_keys: ClassVar[tuple[str, ...]] = ("group_columns", "column", "parameters")
+
+    def _validate(self, metrics: dict, runtime_configuration: dict | None = None, execution_engine=None):
+        return {"success": bool(metrics["table.kepsilon_groups_meet_criterion"])}
+
+
+class ExpectGroupsToBeLDiverse(_ExpectGroupsToMeetCriterion):
+    """Expect every group to be ℓ-diverse on `column` (`parameters`: l, variant, c)."""
+
+
+class ExpectGroupsToBeTClose(_ExpectGroupsToMeetCriterion):
+    """Expect every group's distribution of `column` to lie within EMD t of the whole input table's
+    (`parameters`: t, distance, domain, reference distribution, hierarchy parents, numeric)."""
+
+
+class ExpectGroupsProsecutorRiskAtMost(BatchExpectation):
+    """Expect the prosecutor risk of the published groups, 1/smallest group, to be at most `max_risk`."""
+
+    group_columns: list[str]
+    max_risk: float
+
+    metric_dependencies: ClassVar[tuple[str, ...]] = ("table.kepsilon_min_group_size",)
+    success_keys: ClassVar[tuple[str, ...]] = ("group_columns", "max_risk")
+    args_keys: ClassVar[tuple[str, ...]] = ("group_columns", "max_risk")
+
+    def _validate(self, metrics: dict, runtime_configuration: dict | None = None, execution_engine=None):
+        smallest = metrics["table.kepsilon_min_group_size"]
+        return {"success": smallest is None or 1.0 / smallest <= self.max_risk}
 
 
 class ExpectTableColumnsToExcludeSet(BatchExpectation):
@@ -222,6 +302,10 @@ def validate_release(
     rows_in: int,
     rows_removed: int,
     suppression_budget: float,
+    criteria: list | None = None,
+    linking_risk: float | None = None,
+    max_linking_risk: float | None = None,
+    max_prosecutor_risk: float | None = None,
 ) -> ValidationReport:
     """Check the table about to be published and report, per check, only a name and a boolean.
 
@@ -230,14 +314,22 @@ def validate_release(
     all expectation checks if the suite run itself raises. The report, the logs and any exception
     this function raises carry no data value. Parameters are validated first (SpecError names the
     parameter).
+
+    ``criteria``: the sensitive columns' criteria (``kepsilon.tasks.criteria.ColumnCriteria``, built
+    from the input table); one check per declared ℓ-diversity or t-closeness. ``linking_risk`` with
+    ``max_linking_risk``: the plain risk check; ``max_prosecutor_risk``: the group-size risk check.
     """
     _check_parameters(published, k_quasi, e_quasi, explicit, k, rows_in, rows_removed, suppression_budget)
     expectations = _build_expectations(k_quasi, e_quasi, explicit, k, rows_in - rows_removed)
+    expectations += _disclosure_expectations(k_quasi, criteria or [], max_prosecutor_risk)
     outcomes = _run_suite(published, expectations)
     suppression_ok = suppression_within_budget(rows_in, rows_removed, suppression_budget)
     checks = [{"name": name, "success": bool(ok)} for name, ok in outcomes.items()]
     # Report order follows the brief's numbering: k-anonymity first, then suppression.
     checks.insert(1, {"name": SUPPRESSION_WITHIN_BUDGET, "success": bool(suppression_ok)})
+    if max_linking_risk is not None:
+        risk_ok = linking_risk is not None and math.isfinite(linking_risk) and linking_risk <= max_linking_risk
+        checks.append({"name": LINKING_RISK_WITHIN_LIMIT, "success": bool(risk_ok)})
     return ValidationReport(checks=checks, success=all(c["success"] for c in checks))
 
 
@@ -288,6 +380,27 @@ def _build_expectations(k_quasi, e_quasi, explicit, k, rows_published) -> list[t
         (K_QUASI_COLUMNS_PRESENT, gx.expectations.ExpectTableColumnsToMatchSet(column_set=list(k_quasi), exact_match=False)),
         (PUBLISHED_ROWS_MATCH_ACCOUNTING, gx.expectations.ExpectTableRowCountToEqual(value=int(rows_published))),
     ]
+    for name, expectation in pairs:
+        expectation.meta = {_CHECK_META_KEY: name}
+    return pairs
+
+
+def _disclosure_expectations(k_quasi, criteria, max_prosecutor_risk) -> list[tuple[str, Any]]:
+    """The checks on sensitive columns and prosecutor risk, named ``l_diversity:<col>`` and so on."""
+    pairs: list[tuple[str, Any]] = []
+    for criterion in declared(criteria):
+        parameters = gate_parameters(criterion)
+        if criterion.l is not None:
+            only_l = {key: parameters[key] for key in ("l", "variant", "c")}
+            pairs.append((f"{L_DIVERSITY}:{criterion.column}", ExpectGroupsToBeLDiverse(
+                group_columns=list(k_quasi), column=criterion.column, parameters=only_l)))
+        if criterion.t is not None:
+            only_t = {key: value for key, value in parameters.items() if key not in ("l", "variant", "c")}
+            pairs.append((f"{T_CLOSENESS}:{criterion.column}", ExpectGroupsToBeTClose(
+                group_columns=list(k_quasi), column=criterion.column, parameters=only_t)))
+    if max_prosecutor_risk is not None:
+        pairs.append((PROSECUTOR_RISK_WITHIN_LIMIT, ExpectGroupsProsecutorRiskAtMost(
+            group_columns=list(k_quasi), max_risk=float(max_prosecutor_risk))))
     for name, expectation in pairs:
         expectation.meta = {_CHECK_META_KEY: name}
     return pairs
@@ -352,9 +465,19 @@ def _raised(exception_info) -> bool:
 
 
 @task(name="validate", cache_policy=NO_CACHE, persist_result=False)
-def check_release(published: pd.DataFrame, spec, rows_in: int, rows_removed: int) -> ValidationReport:
-    """Prefect task: the release gate. Its report holds check names and booleans only."""
+def check_release(
+    published: pd.DataFrame, spec, rows_in: int, rows_removed: int, source: pd.DataFrame | None = None,
+    linking_risk: float | None = None,
+) -> ValidationReport:
+    """Prefect task: the release gate. Its report holds check names and booleans only.
+
+    ``source``: the classified input table; the sensitive criteria's reference distributions are built
+    from it here, afresh, not taken from the anonymiser.
+    """
     roles = spec.roles.names()
+    criteria = []
+    if source is not None:
+        criteria = build_criteria(spec.roles.sensitive, source, load_sensitive_hierarchies(spec.roles.sensitive))
     return validate_release(
         published,
         k_quasi=roles["k_quasi"],
@@ -364,4 +487,8 @@ def check_release(published: pd.DataFrame, spec, rows_in: int, rows_removed: int
         rows_in=rows_in,
         rows_removed=rows_removed,
         suppression_budget=spec.suppression_budget,
+        criteria=criteria,
+        linking_risk=linking_risk,
+        max_linking_risk=spec.max_linking_risk,
+        max_prosecutor_risk=spec.max_prosecutor_risk,
     )

@@ -6,18 +6,20 @@ group count), the manifest, and the audit store.
 
 import hashlib
 import json
-import shutil
 from pathlib import Path
 
 import pandas as pd
 import pytest
 from prefect.testing.utilities import prefect_test_harness
 
+from kepsilon.audit import queries
 from kepsilon.audit.ledger import remaining, set_cap
 from kepsilon.audit.store import open_store
 from kepsilon.flows.release import governed_release
 from kepsilon.flows.spec import parse_spec
 from kepsilon.tasks.errors import InputError, ValidationFailed
+
+from .conftest import ADULT, release_spec_dict
 
 pytestmark = pytest.mark.flow
 
@@ -390,8 +392,10 @@ def test_the_public_manifest_holds_only_public_fields(store, synthetic_spec_dict
     ]
     for private in private_strings:
         assert private.encode() not in published_bytes
+    # The linking-risk limit (a parameter) and its check's name are public; the figure itself is not.
+    public_text = json.dumps(public).replace("max_linking_risk", "").replace("linking_risk_within_limit", "")
     for private_figure in ["predicted_relative_error", "measured", "linking_risk", "mean_scale", "clamped", "zero_"]:
-        assert private_figure not in json.dumps(public)
+        assert private_figure not in public_text
     assert "unprotected_statistics" not in public
     # Each published column with its role and published type; nothing else, no identifier.
     assert public["columns"] == {
@@ -462,3 +466,82 @@ def test_the_advise_flow_shows_its_grid_and_plots_on_the_run_records_the_read_an
     pages = {a.key: a.data for a in artifacts}
     assert pages["advice-test-population-figures"].count("](data:image/png;base64,") == 3
     assert "20.74%" in pages["advice-test-population"]  # k = 10, ε = 1, as the demo release predicts
+
+
+# --- issue 11: ℓ-diversity, t-closeness, risk gates, identifier refusal (published file, manifest, store) ---
+
+K_QUASI = ["sex", "race", "marital-status", "education"]
+
+
+def _adult(tmp_path, algorithm: str, salary: dict | None) -> dict:
+    spec = release_spec_dict("adult", release_id=f"adult-{algorithm}", population_id="test-population",
+                             output_dir=str(tmp_path / "out"), algorithm=algorithm)
+    if salary is not None:
+        spec["roles"]["sensitive"] = ["native-country", "workclass", "occupation", {"column": "salary-class", **salary}]
+    return spec
+
+
+def _published(spec: dict) -> tuple[dict, pd.DataFrame]:
+    directory = Path(spec["output_dir"]) / spec["release_id"]
+    return json.loads((directory / "manifest.json").read_text()), pd.read_csv(directory / "data.csv")
+
+
+@pytest.mark.parametrize("algorithm", ["mondrian", "ola"])
+def test_adult_with_l2_and_t02_publishes_no_homogeneous_group_and_no_group_beyond_t(store, tmp_path, algorithm):
+    spec = _adult(tmp_path, algorithm, {"l_diversity": {"l": 2, "variant": "distinct"},
+                                        "t_closeness": {"t": 0.2, "distance": "equal"}})
+    record = governed_release(parse_spec(spec))
+    public, data = _published(spec)
+
+    groups = data.groupby(K_QUASI)["salary-class"]
+    assert data.groupby(K_QUASI).size().min() >= 5
+    assert groups.nunique().min() >= 2  # no homogeneous group, counted on the published file
+    q = pd.read_csv(ADULT / "adult.csv", sep=";")["salary-class"].value_counts(normalize=True)
+    emd = groups.apply(lambda v: 0.5 * (v.value_counts(normalize=True).reindex(q.index, fill_value=0) - q).abs().sum())
+    assert emd.max() <= 0.2 + 1e-12
+
+    checks = {c["name"]: c["success"] for c in public["checks"]}
+    assert checks["l_diversity:salary-class"] and checks["t_closeness:salary-class"] and checks["linking_risk_within_limit"]
+    assert public["method"]["sensitive_criteria"]["salary-class"]["l_diversity"] == {"l": 2, "variant": "distinct"}
+    # The achieved figures are private: in the audit record, not in the public manifest.
+    text = json.dumps(public)
+    assert "homogeneous" not in text and "disclosure" not in text and "prosecutor_risk\"" not in text
+    salary = record["disclosure"]["per_column"]["salary-class"]
+    assert salary["homogeneous_groups"] == 0 and salary["l_distinct_min"] == 2 and salary["t_max"] == pytest.approx(emd.max())
+    (row,) = list(store["releases"].rows)
+    assert row["homogeneous_groups"] == record["disclosure"]["homogeneous_groups"]
+    assert row["prosecutor_risk"] == pytest.approx(1 / data.groupby(K_QUASI).size().min())
+    assert row["l_diversity_min"] >= 1 and row["t_closeness_max"] >= emd.max() - 1e-12
+
+
+def test_without_criteria_the_homogeneous_groups_are_recorded_and_listed_for_officers(store, tmp_path):
+    spec = _adult(tmp_path, "mondrian", None)
+    record = governed_release(parse_spec(spec))
+    _, data = _published(spec)
+    homogeneous = int((data.groupby(K_QUASI)["salary-class"].nunique() == 1).sum())
+    assert record["disclosure"]["per_column"]["salary-class"]["homogeneous_groups"] == homogeneous > 0
+    (listed,) = queries.run(store, "diversity")
+    assert listed["release_id"] == "adult-mondrian" and listed["homogeneous_groups"] >= homogeneous
+
+
+def test_a_release_above_max_linking_risk_publishes_nothing_and_is_recorded_failed(store, synthetic_spec_dict):
+    # The sample's linking risk is about 3 %: a limit of 1 % must stop it after the noise.
+    with pytest.raises(ValidationFailed, match="linking_risk_within_limit"):
+        governed_release(parse_spec({**synthetic_spec_dict, "max_linking_risk": 0.01}))
+    assert not (Path(synthetic_spec_dict["output_dir"]) / "test-release").exists()
+    (row,) = list(store["releases"].rows)
+    assert row["outcome"] == "failed" and row["rows_published"] == 0
+    assert "linking_risk_within_limit" in row["failure_reason"]
+    assert 0.01 < row["linking_risk"] < 0.10
+    assert remaining(store, "test-population") == pytest.approx(4.0)  # the noise was drawn: ε spent
+
+
+def test_an_email_column_released_as_sensitive_is_refused_before_any_epsilon(store, synthetic_spec_dict):
+    spec = dict(synthetic_spec_dict)
+    spec["roles"] = {**spec["roles"], "explicit": [c for c in spec["roles"]["explicit"] if c != "EMAIL"],
+                     "sensitive": [*spec["roles"]["sensitive"], "EMAIL"]}
+    with pytest.raises(InputError, match="'EMAIL'.*e-mail"):
+        governed_release(parse_spec(spec))
+    assert not (Path(spec["output_dir"]) / "test-release").exists()
+    assert remaining(store, "test-population") == pytest.approx(5.0)
+    assert store["sealed_seeds"].count == 0

@@ -95,7 +95,8 @@ def test_bad_inputs_are_refused_naming_the_problem_and_spend_nothing(server, bas
     outcomes = {row["case"]: row["outcome"] for row in table}
     assert outcomes["truncated CSV (last record cut mid-field)"] == "refused"
     assert outcomes["k > n (k=500)"] == "refused"
-    assert outcomes["all rows identical (60 rows)"] == "published"
+    # One zero-diameter class: no noise, every record links to itself; refused before ε (max_linking_risk).
+    assert outcomes["all rows identical (60 rows)"] == "refused"
 
 
 def test_no_canary_or_seed_reaches_outputs_logs_audit_store_or_prefect(server, base):
