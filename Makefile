@@ -12,7 +12,7 @@ export PREFECT_SERVER_EPHEMERAL_STARTUP_TIMEOUT_SECONDS := 120
 export GX_ANALYTICS_ENABLED := false
 export DO_NOT_TRACK := 1
 
-.PHONY: install demo test bench serve deployment-check audit-ui audit-ui-check clean reliability paper
+.PHONY: install demo test bench disclosure-cost serve deployment-check audit-ui audit-ui-check clean reliability paper
 
 install: $(VENV)/.installed
 
@@ -34,6 +34,10 @@ test: install
 ## bench: stage timings, written to benchmarks/results.json
 bench: install
 	$(BIN)/python -m benchmarks.run
+
+## disclosure-cost: what ℓ = 2 and t = 0.2 on salary-class cost on UCI Adult (markdown table)
+disclosure-cost: install
+	$(BIN)/python -m benchmarks.disclosure_cost
 
 ## serve: local Prefect server with its UI (http://127.0.0.1:4200), the deployments, and a worker
 serve: install
