@@ -121,7 +121,7 @@ class LDiversity(BaseModel):
 
     model_config = _STRICT
 
-    l: int = Field(ge=2, description="distinct: ≥ ℓ values; entropy: entropy ≥ log ℓ; recursive: r_1 < c·(r_ℓ+…+r_m)")
+    l: int = Field(ge=2, description="distinct: ≥ ℓ values; entropy: entropy ≥ log ℓ; recursive: r_1 below c·(r_ℓ+…+r_m)")
     variant: Literal["distinct", "entropy", "recursive"] = "distinct"
     c: Annotated[float, Field(gt=0)] | SkipJsonSchema[None] = Field(default=None, description="c of recursive (c,ℓ)-diversity (required for it)")
 

@@ -179,8 +179,9 @@ def identifier_reasons(values: pd.Series, near_unique: bool = True) -> list[str]
     if len(present) == 0:
         return []
     reasons = []
-    if not (pd.api.types.is_numeric_dtype(present) or pd.api.types.is_bool_dtype(present)):
-        counts = present.astype(str).str.strip().value_counts()
+    texts = _texts(present)
+    if texts is not None and len(texts):
+        counts = texts.str.strip().value_counts()
         for reason in ("email", "url", "ip_address", "national_id", "phone"):
             matched = counts[[_looks_like(reason, value) for value in counts.index]].sum()
             if matched >= IDENTIFIER_SHARE * len(present):
@@ -188,6 +189,19 @@ def identifier_reasons(values: pd.Series, near_unique: bool = True) -> list[str]
     if near_unique and len(present) >= NEAR_UNIQUE_MIN_ROWS and present.nunique() > NEAR_UNIQUE_RATIO * len(present):
         reasons.append("near_unique")
     return reasons
+
+
+def _texts(values: pd.Series) -> pd.Series | None:
+    """The column's values as text when they are text (CSV cells, Arrow strings); None for typed columns.
+
+    Numbers, booleans, dates and bytes are not matched against the patterns: they are not written the
+    way an e-mail address or a phone number is, and bytes need not even be valid UTF-8.
+    """
+    if isinstance(values.dtype, pd.StringDtype) or _is_arrow_text(values.dtype):
+        return values.astype(str)
+    if values.dtype == object:
+        return values[values.map(lambda value: isinstance(value, str))].astype(str)
+    return None
 
 
 _REASON_TEXT = {
@@ -222,7 +236,6 @@ def classify(frame: pd.DataFrame, spec: ReleaseSpec) -> ClassifiedTable:
     """Apply the spec's roles: validate the columns, refuse direct identifiers, decide what is missing and
     what is a number per role (module docstring), drop the explicit identifiers."""
     check_roles([str(c) for c in frame.columns], spec.roles)
-    check_identifiers(frame, spec.roles)
     names = spec.roles.names()
     missing_texts = list(spec.source.missing) if _is_csv(spec) else None
     frame = frame.drop(columns=names["explicit"])
@@ -230,6 +243,7 @@ def classify(frame: pd.DataFrame, spec: ReleaseSpec) -> ClassifiedTable:
         reason = unpublishable_reason(frame[column].dtype)
         if reason:
             raise InputError(column, f"{reason}; release it in another type or remove it (role explicit)")
+    check_identifiers(frame, spec.roles)
     for column in names["k_quasi"]:
         check_k_quasi_values(frame, column, missing_values(frame[column], missing_texts))
         frame[column] = k_quasi_texts(frame[column])

@@ -294,6 +294,6 @@ def test_scale_basis_any_and_empty_mean_every_release(store_path):
 
 def test_datasette_metadata_hides_the_sql_and_the_sealed_seeds():
     metadata = queries.datasette_metadata()["databases"]["audit"]
-    assert set(metadata["queries"]) == set(queries.QUERIES) and len(metadata["queries"]) == 12
+    assert set(metadata["queries"]) == set(queries.QUERIES) and len(metadata["queries"]) == 13
     assert all(query["hide_sql"] is True for query in metadata["queries"].values())
     assert metadata["tables"]["sealed_seeds"] == {"hidden": True, "allow": False}
