@@ -6,9 +6,10 @@
 
 What ``kepsilon release`` prints: Prefect's run log, then the release summary; for a release already
 published, one line saying where (exit code 0, nothing done); one line ``release refused: <reason>``
-(exit code 2) when the release stops on a KepsilonError — bad spec or input, ε over the cap, a failed
-check, an id already published; one line ``release failed: <reason>`` (exit code 2) when it stopped
-after its ε was reserved (recorded, or the line says the reservation stands and a rerun resumes it).
+(exit code 2) when the release stops on a KepsilonError before any ε is reserved — bad spec or input, ε
+over the cap, an id already published; one line ``release failed: <reason>`` (exit code 2) when it stopped
+after its ε was reserved — a failed check of the gate included (recorded, or the line says the
+reservation stands and a rerun resumes it).
 Tracebacks are kept off the console (``--debug`` shows them). Any other exception is a crash: its
 traceback is printed and the command ends with ``release failed: <error>`` (exit code 1).
 """
@@ -137,12 +138,16 @@ def _prefect_api() -> Iterator[Optional["LocalServer"]]:  # noqa: F821
 
 
 def _refused(failure: KepsilonError, debug: bool) -> None:
-    from kepsilon.tasks.errors import ReleaseFailed
+    from kepsilon.tasks.errors import ReleaseFailed, ValidationFailed
 
     if debug:
         traceback.print_exception(failure, file=sys.stderr)
-    verdict = "release failed:" if isinstance(failure, ReleaseFailed) else "release refused:"
-    errors.print(f"[bold red]{verdict}[/] {escape(str(failure))}", soft_wrap=True)
+    message = str(failure)
+    if isinstance(failure, ValidationFailed):
+        # The gate runs on the noisy release: its ε is spent, which "refused" would deny.
+        message += "; nothing published, recorded as failed (`kepsilon audit failures`), its ε is spent"
+    verdict = "release failed:" if isinstance(failure, (ReleaseFailed, ValidationFailed)) else "release refused:"
+    errors.print(f"[bold red]{verdict}[/] {escape(message)}", soft_wrap=True)
     raise typer.Exit(code=2)
 
 

@@ -132,3 +132,18 @@ def test_a_crash_still_says_what_failed_and_where(workspace):
     assert "Traceback" in err and "in crash" in err
     assert _only_line(err, "release failed:") == "release failed: RuntimeError: simulated crash while reading"
     assert server_is_gone(err)
+
+
+def test_a_failed_gate_says_failed_and_that_its_epsilon_is_spent(workspace):
+    # The gate runs on the noisy release, after the spend: "refused" would tell the steward nothing was spent.
+    work, _ = workspace
+    spec = yaml.safe_load((work / "spec.yaml").read_text(encoding="utf-8"))
+    spec["max_prosecutor_risk"] = 0.01  # every group has fewer than 100 members
+    (work / "strict-gate.yaml").write_text(yaml.safe_dump(spec, sort_keys=False), encoding="utf-8")
+    code, out, err = run(workspace, command=[KEPSILON, "release", str(work / "strict-gate.yaml"),
+                                              "--release-id", "cli-strict-gate"])
+    assert code == 2
+    line = _only_line(err, "release failed:")
+    assert "prosecutor_risk" in line and "its ε is spent" in line
+    assert "release refused:" not in err and "Traceback" not in err + out
+    assert not (work / "out" / "cli-strict-gate").exists()
