@@ -15,13 +15,8 @@ import pandas as pd
 
 from kepsilon.flows.spec import load_spec, parse_spec
 from kepsilon.tasks.criteria import disclosure_report
-from kepsilon.tasks.k_anonymise import k_anonymise, published_labels
-from kepsilon.tasks.metrics import release_metrics
-from kepsilon.tasks.perturb import perturb, release_generators
-from kepsilon.tasks.publish import assemble_release
-from kepsilon.tasks.suppress import suppress_failing_groups, suppress_records
 
-from .bench_engine import SPEC  # noqa: F401  (the same folder layout)
+from .bench_engine import SPEC, run_engine
 
 ADULT_SPEC = SPEC.parent / "adult.yaml"
 RUNS = 5
@@ -43,17 +38,8 @@ def spec_for(algorithm: str, salary: dict | None):
 
 def release_figures(frame: pd.DataFrame, spec, seed: bytes) -> dict:
     """One engine run (anonymise, perturb, confidence and diversity suppression, labels) and its figures."""
-    partition = k_anonymise(frame, spec)
-    kept = frame[partition.kept]
-    class_ids = partition.class_ids[partition.kept]
-    noise_rng, shuffle_rng = release_generators(seed)
-    perturbed = perturb(kept, class_ids, spec.roles.e_quasi, spec.epsilon_split(), spec.scale_basis, noise_rng)
-    suppression = suppress_records(kept, perturbed.frame, class_ids, perturbed.scales, spec)
+    released, metrics, partition = run_engine(frame, spec, seed)
     roles = spec.roles.names()
-    suppression = suppress_failing_groups(kept, class_ids, suppression, partition, roles)
-    labels = published_labels(kept[roles["k_quasi"]], class_ids, ~suppression.removed, partition.hierarchies, partition.levels)
-    released = assemble_release(labels, kept, perturbed.frame, suppression.removed, shuffle_rng.permutation(len(kept)), roles)
-    metrics = release_metrics(kept, perturbed.frame, class_ids, partition, suppression, spec, perturbed.scales)
     disclosure = disclosure_report(released, roles["k_quasi"], partition.criteria)
     salary = disclosure["per_column"]["salary-class"]
     removed = metrics["rows_removed"]
