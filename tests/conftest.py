@@ -24,3 +24,30 @@ def synthetic_spec_dict(tmp_path) -> dict:
     return release_spec_dict(
         "paper-synthetic", release_id="test-release", population_id="test-population", output_dir=str(tmp_path / "out")
     )
+
+
+@pytest.fixture(scope="module")
+def prefect_harness():
+    """A Prefect test server for a module of flow runs (``pytest.mark.usefixtures("prefect_harness")``)."""
+    from prefect.testing.utilities import prefect_test_harness
+
+    with prefect_test_harness(server_startup_timeout=120):
+        yield
+
+
+def capped_store(tmp_path, monkeypatch, population: str):
+    """A fresh audit store with a cap of 5 ε for ``population``; seed key and private figures beside it.
+
+    Everything a release writes outside its output folder goes under ``tmp_path``, never into the checkout.
+    """
+    from kepsilon.audit.ledger import set_cap
+    from kepsilon.audit.store import open_store
+
+    path = tmp_path / "audit.db"
+    monkeypatch.setenv("KEPSILON_AUDIT_DB", str(path))
+    monkeypatch.setenv("KEPSILON_SEED_KEY_FILE", str(tmp_path / "keys" / "seed.key"))
+    monkeypatch.delenv("KEPSILON_DEFAULT_CAP", raising=False)
+    monkeypatch.setenv("KEPSILON_REPORTS_DIR", str(tmp_path / "reports"))
+    db = open_store(path)
+    set_cap(db, population, 5.0, by="test-officer", reason="test cap")
+    return db

@@ -10,37 +10,22 @@ from pathlib import Path
 
 import pandas as pd
 import pytest
-from prefect.testing.utilities import prefect_test_harness
 
 from kepsilon.audit import queries
 from kepsilon.audit.ledger import remaining, set_cap
-from kepsilon.audit.store import open_store
 from kepsilon.flows.release import governed_release
 from kepsilon.flows.spec import parse_spec
 from kepsilon.tasks.errors import InputError, ValidationFailed
 
-from .conftest import ADULT, release_spec_dict
+from .conftest import ADULT, capped_store, release_spec_dict
 
-pytestmark = pytest.mark.flow
-
-
-@pytest.fixture(scope="module", autouse=True)
-def prefect_harness():
-    with prefect_test_harness(server_startup_timeout=120):
-        yield
+pytestmark = [pytest.mark.flow, pytest.mark.usefixtures("prefect_harness")]
 
 
 @pytest.fixture
 def store(tmp_path, monkeypatch):
     """A fresh audit store with a cap of 5 for the test population, and a seed key outside it."""
-    path = tmp_path / "audit.db"
-    monkeypatch.setenv("KEPSILON_AUDIT_DB", str(path))
-    monkeypatch.setenv("KEPSILON_SEED_KEY_FILE", str(tmp_path / "keys" / "seed.key"))
-    monkeypatch.delenv("KEPSILON_DEFAULT_CAP", raising=False)
-    monkeypatch.setenv("KEPSILON_REPORTS_DIR", str(tmp_path / "reports"))
-    db = open_store(path)
-    set_cap(db, "test-population", 5.0, by="test-officer", reason="test cap")
-    return db
+    return capped_store(tmp_path, monkeypatch, "test-population")
 
 
 def released(spec_dict: dict) -> tuple[dict, pd.DataFrame]:

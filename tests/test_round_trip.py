@@ -17,16 +17,14 @@ import numpy as np
 import pyarrow as pa
 import pyarrow.parquet as pq
 import pytest
-from prefect.testing.utilities import prefect_test_harness
 
-from kepsilon.audit.ledger import set_cap
-from kepsilon.audit.store import open_store
 from kepsilon.flows.release import governed_release
 from kepsilon.flows.spec import parse_spec
 
+from .conftest import capped_store
 from .test_values_as_read import ISSUE_VALUES, TYPED, TYPED_TEXTS, csv_text
 
-pytestmark = pytest.mark.flow
+pytestmark = [pytest.mark.flow, pytest.mark.usefixtures("prefect_harness")]
 
 CORPUS = ISSUE_VALUES + [
     'say "hi"', '""', "a,b", "a;b", ",", ";", "line1\nline2", "cr\rinside", "crlf\r\nend", "\n",
@@ -39,21 +37,9 @@ CODES = ["NA", "None", "007", "0123", "TRUE"]  # k-quasi categories pandas used 
 COPIES = 3
 
 
-@pytest.fixture(scope="module", autouse=True)
-def prefect_harness():
-    with prefect_test_harness(server_startup_timeout=120):
-        yield
-
-
 @pytest.fixture
 def store(tmp_path, monkeypatch):
-    path = tmp_path / "audit.db"
-    monkeypatch.setenv("KEPSILON_AUDIT_DB", str(path))
-    monkeypatch.setenv("KEPSILON_SEED_KEY_FILE", str(tmp_path / "keys" / "seed.key"))
-    monkeypatch.delenv("KEPSILON_DEFAULT_CAP", raising=False)
-    db = open_store(path)
-    set_cap(db, "round-trip", 5.0, by="test-officer", reason="test cap")
-    return db
+    return capped_store(tmp_path, monkeypatch, "round-trip")
 
 
 def source_rows() -> list[dict]:
