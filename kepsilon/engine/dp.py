@@ -23,14 +23,26 @@ _CHUNK = 4096  # population sizes evaluated per vectorised step of the search ov
 _LOG_SMALLEST_DOUBLE = math.log(5e-324)
 
 
-def _check_parameters(k: int, beta: float, epsilon: float) -> None:
-    """Refuse parameters outside the theorem, naming the parameter (never a data value)."""
+def _check_k(k: int) -> None:
     if isinstance(k, bool) or not isinstance(k, (int, np.integer)) or k < 1:
         raise ValueError("k must be an integer of at least 1")
+
+
+def _check_beta(beta: float) -> None:
     if not (isinstance(beta, (int, float)) and math.isfinite(beta) and 0 < beta < 1):
         raise ValueError("beta must be a sampling probability strictly between 0 and 1")
+
+
+def _check_epsilon(epsilon: float) -> None:
     if not (isinstance(epsilon, (int, float)) and math.isfinite(epsilon) and epsilon > 0):
         raise ValueError("epsilon must be a finite number above 0")
+
+
+def _check_parameters(k: int, beta: float, epsilon: float) -> None:
+    """Refuse parameters outside the theorem, naming the parameter (never a data value)."""
+    _check_k(k)
+    _check_beta(beta)
+    _check_epsilon(epsilon)
     if epsilon < minimum_epsilon(beta):
         raise ValueError("epsilon must be at least -ln(1 - beta) for the theorem to hold at this beta")
 
@@ -45,8 +57,7 @@ def sampling_rate_for(epsilon: float) -> float:
 
     Sampling more records keeps more of the data; this is the most the guarantee allows.
     """
-    if not (math.isfinite(epsilon) and epsilon > 0):
-        raise ValueError("epsilon must be a finite number above 0")
+    _check_epsilon(epsilon)
     return -math.expm1(-epsilon)
 
 
@@ -118,8 +129,7 @@ def bernoulli_sample(n: int, beta: float, rng: np.random.Generator) -> np.ndarra
     """Keep each of ``n`` records independently with probability β: the sampling step of the theorem."""
     if isinstance(n, bool) or not isinstance(n, (int, np.integer)) or n < 0:
         raise ValueError("n must be a non-negative integer")
-    if not (math.isfinite(beta) and 0 < beta < 1):
-        raise ValueError("beta must be a sampling probability strictly between 0 and 1")
+    _check_beta(beta)
     return rng.random(n) < beta
 
 
@@ -131,8 +141,7 @@ def safe_k_anonymise(keys: np.ndarray, k: int) -> np.ndarray:
     whole; there is no suppression budget, because a budget would make the output depend on the data
     in a way the theorem does not cover.
     """
-    if isinstance(k, bool) or not isinstance(k, (int, np.integer)) or k < 1:
-        raise ValueError("k must be an integer of at least 1")
+    _check_k(k)
     keys = np.asarray(keys)
     if keys.shape[0] == 0:
         return np.zeros(0, dtype=bool)
@@ -156,8 +165,7 @@ def granularity_score(group_sizes: np.ndarray, k: int, loss: float) -> float:
 
 def exponential_mechanism_probabilities(scores: np.ndarray, epsilon: float, sensitivity: float) -> np.ndarray:
     """Selection probabilities ∝ exp(ε · score / (2 · sensitivity)) (McSherry and Talwar 2007): ε-DP."""
-    if not (math.isfinite(epsilon) and epsilon > 0):
-        raise ValueError("epsilon must be a finite number above 0")
+    _check_epsilon(epsilon)
     if not (math.isfinite(sensitivity) and sensitivity > 0):
         raise ValueError("sensitivity must be a finite number above 0")
     scores = np.asarray(scores, dtype=np.float64)
