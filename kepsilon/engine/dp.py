@@ -15,6 +15,7 @@ idea). It imports only numpy and scipy, so a notebook, a test or a worker can us
 """
 
 import math
+import numbers
 
 import numpy as np
 from scipy.stats import binom
@@ -29,12 +30,12 @@ def _check_k(k: int) -> None:
 
 
 def _check_beta(beta: float) -> None:
-    if not (isinstance(beta, (int, float)) and math.isfinite(beta) and 0 < beta < 1):
+    if not (isinstance(beta, numbers.Real) and math.isfinite(beta) and 0 < beta < 1):
         raise ValueError("beta must be a sampling probability strictly between 0 and 1")
 
 
 def _check_epsilon(epsilon: float) -> None:
-    if not (isinstance(epsilon, (int, float)) and math.isfinite(epsilon) and epsilon > 0):
+    if not (isinstance(epsilon, numbers.Real) and math.isfinite(epsilon) and epsilon > 0):
         raise ValueError("epsilon must be a finite number above 0")
 
 
