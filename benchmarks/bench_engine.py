@@ -12,19 +12,14 @@ the sample's classified records (k-quasis, height, sensitive columns), so the ta
 
 import time
 from pathlib import Path
-from typing import NamedTuple
 
 import numpy as np
 import pandas as pd
 
+from kepsilon.engine.preview import Preview, preview
 from kepsilon.flows.spec import ReleaseSpec, load_spec
 from kepsilon.tasks.classify import classify
 from kepsilon.tasks.ingest import read_source
-from kepsilon.tasks.k_anonymise import k_anonymise, published_labels
-from kepsilon.tasks.metrics import release_metrics
-from kepsilon.tasks.perturb import perturb, release_generators
-from kepsilon.tasks.publish import assemble_release
-from kepsilon.tasks.suppress import suppress_failing_groups, suppress_records
 
 SPEC = Path(__file__).resolve().parents[1] / "releases" / "paper-synthetic.yaml"
 # A benchmark is not a release: a fixed seed keeps its runs comparable. Never do this for a release.
@@ -45,39 +40,9 @@ def resampled(frame: pd.DataFrame, n_rows: int, seed: int) -> pd.DataFrame:
     return frame.iloc[rows].reset_index(drop=True)
 
 
-class EngineRun(NamedTuple):
-    """One run of the engine: the shuffled released frame, the manifest's metrics, and the partition."""
-
-    released: pd.DataFrame
-    metrics: dict
-    partition: object
-
-
-def run_engine(frame: pd.DataFrame, spec: ReleaseSpec, seed: bytes = BENCH_SEED) -> EngineRun:
-    """The engine end to end on a loaded frame, stage for stage as a release runs it: anonymise, perturb,
-    confidence suppression, diversity suppression (nothing to do without declared criteria), labels,
-    merge and shuffle, metrics."""
-    partition = k_anonymise(frame, spec)
-    kept = frame[partition.kept]
-    class_ids = partition.class_ids[partition.kept]
-    noise_rng, shuffle_rng = release_generators(seed)
-    perturbed = perturb(kept, class_ids, spec.roles.e_quasi, spec.epsilon_split(), spec.scale_basis, noise_rng)
-    suppression = suppress_records(kept, perturbed.frame, class_ids, perturbed.scales, spec)
-    roles = spec.roles.names()
-    suppression = suppress_failing_groups(kept, class_ids, suppression, partition, roles)
-    labels = published_labels(
-        kept[roles["k_quasi"]], class_ids, ~suppression.removed, partition.hierarchies, partition.levels
-    )
-    released = assemble_release(
-        labels,
-        kept,
-        perturbed.frame,
-        suppression.removed,
-        shuffle_rng.permutation(len(kept)),
-        roles,
-    )
-    metrics = release_metrics(kept, perturbed.frame, class_ids, partition, suppression, spec, perturbed.scales)
-    return EngineRun(released, metrics, partition)
+def run_engine(frame: pd.DataFrame, spec: ReleaseSpec, seed: bytes = BENCH_SEED) -> Preview:
+    """The engine end to end on a loaded frame, stage for stage as a release runs it (``kepsilon.engine.preview``)."""
+    return preview(frame, spec, seed)
 
 
 def _timed_engine(frame: pd.DataFrame, spec: ReleaseSpec) -> tuple[int, float]:

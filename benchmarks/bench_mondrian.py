@@ -10,8 +10,8 @@ from pathlib import Path
 
 import pandas as pd
 
-from kepsilon.tasks.hierarchy import load_hierarchy
-from kepsilon.tasks.k_anonymise import mondrian
+from kepsilon.engine.hierarchy import load_hierarchy
+from kepsilon.engine.mondrian import mondrian
 
 DATA = Path(__file__).resolve().parents[1] / "data" / "paper-synthetic"
 K_QUASIS = ["YOB", "GENDER", "RACE", "MARITAL_STATUS"]

@@ -18,8 +18,8 @@ from pathlib import Path
 import pandas as pd
 
 from benchmarks.harness import measure
-from kepsilon.tasks.hierarchy import load_hierarchy
-from kepsilon.tasks.ola import ola
+from kepsilon.engine.hierarchy import load_hierarchy
+from kepsilon.engine.ola import ola
 
 DATA = Path(__file__).resolve().parents[1] / "data"
 BUDGET = 0.05

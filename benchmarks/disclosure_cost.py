@@ -14,7 +14,7 @@ import numpy as np
 import pandas as pd
 
 from kepsilon.flows.spec import load_spec, parse_spec
-from kepsilon.tasks.criteria import disclosure_report
+from kepsilon.engine.criteria import disclosure_report
 
 from .bench_engine import SPEC, run_engine
 

@@ -24,13 +24,15 @@ from kepsilon.flows.manifest import base_manifest, idempotency_key, public_manif
 from kepsilon.flows.report import guarantee_statement, publish_figure_artifact, publish_report_artifacts
 from kepsilon.flows.spec import ReleaseSpec
 from kepsilon.tasks.classify import classify_attributes
-from kepsilon.tasks.criteria import disclosure_report
+from kepsilon.engine.criteria import disclosure_report
 from kepsilon.tasks.errors import ReleaseFailed, SpecError, ValidationFailed, describe_failure
 from kepsilon.tasks.figures import RELEASE_CAPTIONS, private_report_dir, release_figures, write_figures
 from kepsilon.tasks.ingest import ingest_source
 from kepsilon.tasks.k_anonymise import k_anonymise_records
-from kepsilon.tasks.metrics import certain_linking_risk, errors_by_class, measure_release
-from kepsilon.tasks.perturb import perturb_records, public_grid
+from kepsilon.engine.metrics import certain_linking_risk, errors_by_class
+from kepsilon.tasks.metrics import measure_release
+from kepsilon.tasks.perturb import perturb_records
+from kepsilon.engine.perturb import public_grid
 from kepsilon.tasks.preflight import check_output, find_published
 from kepsilon.tasks.publish import merge_and_shuffle, move_into_place, published_columns, stage_release
 from kepsilon.tasks.record import check_approval, record_outcome, reserve_epsilon, store_location, verify_store

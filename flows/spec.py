@@ -17,7 +17,7 @@ from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_valida
 from pydantic.json_schema import SkipJsonSchema
 
 from kepsilon.tasks.errors import SpecError
-from kepsilon.tasks.hierarchy_builders import HierarchyBuilder
+from kepsilon.engine.hierarchy_builders import HierarchyBuilder
 
 _STRICT = ConfigDict(extra="forbid")
 

@@ -18,9 +18,9 @@ import numpy as np
 import pandas as pd
 
 from kepsilon.flows.spec import load_spec
-from kepsilon.tasks.k_anonymise import k_anonymise
-from kepsilon.tasks.metrics import linking_risk
-from kepsilon.tasks.perturb import perturb
+from kepsilon.engine.anonymise import k_anonymise
+from kepsilon.engine.metrics import linking_risk
+from kepsilon.engine.perturb import perturb
 
 SPEC = Path(__file__).resolve().parent.parent / "releases" / "paper-synthetic.yaml"
 

@@ -629,7 +629,7 @@ def noise_scenario(results: Results, samples: int, seed: int = 20240611) -> None
     """KS fit of perturb's noise to Laplace(b), grid membership, and a wrong scale caught."""
     from scipy import stats
 
-    from kepsilon.tasks.perturb import perturb, public_grid
+    from kepsilon.engine.perturb import perturb, public_grid
 
     cat = "noise"
     rng = np.random.default_rng(seed)

@@ -6,8 +6,8 @@ of them):
 - exact, from the anonymiser (``k_anonymise``, once per k: neither Mondrian nor OLA looks at ε): the
   records the anonymiser suppresses and its number of classes;
 - exact, from the formula: the predicted relative error per ε-quasi
-  (:func:`kepsilon.tasks.metrics.expected_relative_errors` on the scales of
-  :func:`kepsilon.tasks.perturb.noise_scales`, the numbers a release's own prediction uses);
+  (:func:`kepsilon.engine.metrics.expected_relative_errors` on the scales of
+  :func:`kepsilon.engine.perturb.noise_scales`, the numbers a release's own prediction uses);
 - by Monte-Carlo over noise that is drawn here and thrown away: the measured error, the confidence
   suppression and the linking risk, each as a mean and a standard deviation over ``draws`` draws.
 
@@ -36,10 +36,10 @@ import pandas as pd
 
 from .classify import classify
 from .errors import KepsilonError, SpecError
-from .k_anonymise import k_anonymise
-from .metrics import expected_relative_errors, linked_records, measured_relative_error
-from .perturb import dense_class_ids, noise_scales, perturb
-from .suppress import suppress_records
+from kepsilon.engine.anonymise import k_anonymise
+from kepsilon.engine.metrics import expected_relative_errors, linked_records, measured_relative_error
+from kepsilon.engine.perturb import dense_class_ids, noise_scales, perturb
+from kepsilon.engine.suppress import suppress_records
 
 DEFAULT_K = (2, 5, 10, 20, 50, 100)
 DEFAULT_EPSILON = (0.05, 0.5, 1.0, 2.0, 4.0, 8.0, 16.0)

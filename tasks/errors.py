@@ -1,33 +1,14 @@
 """Errors a release can stop with.
 
 Every error names the column or parameter at fault and never quotes a data value: messages reach
-logs and the Prefect UI, where raw records must not go.
+logs and the Prefect UI, where raw records must not go. The input and parameter errors are the
+engine's (``kepsilon.engine.errors``); the release adds its own below.
 """
 
+from kepsilon.engine.errors import HierarchyError, InputError, KepsilonError, SpecError
 
-class KepsilonError(Exception):
-    """Base of every error a release reports to its user."""
-
-
-class SpecError(KepsilonError):
-    """The release spec or one of its parameters is invalid."""
-
-    def __init__(self, parameter: str, problem: str):
-        self.parameter = parameter
-        super().__init__(f"parameter {parameter!r}: {problem}")
-
-
-class InputError(KepsilonError):
-    """The source data is unusable for the release as specified."""
-
-    def __init__(self, column: str | None, problem: str):
-        self.column = column
-        where = f"column {column!r}: " if column is not None else "source: "
-        super().__init__(where + problem)
-
-
-class HierarchyError(InputError):
-    """A generalisation hierarchy is malformed or does not cover the data."""
+__all__ = ["HierarchyError", "InputError", "KepsilonError", "SpecError", "ValidationFailed", "ReleaseFailed",
+           "describe_failure"]
 
 
 class ValidationFailed(KepsilonError):

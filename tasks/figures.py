@@ -152,7 +152,7 @@ def release_figures(group_sizes: np.ndarray, predicted: np.ndarray, measured: np
     """A release's group-size histogram and its per-group predicted-vs-measured error scatter (PNG bytes).
 
     ``group_sizes``: records per published group; ``predicted``, ``measured``: per anonymiser class, the
-    mean expected and measured relative error of its records (:func:`kepsilon.tasks.metrics.per_class_errors`).
+    mean expected and measured relative error of its records (:func:`kepsilon.engine.metrics.errors_by_class`).
     """
     figures = {}
     figure, axes = plt.subplots(figsize=(7, 4.5))

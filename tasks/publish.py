@@ -37,10 +37,11 @@ import pyarrow.parquet as pq
 from prefect import task
 from prefect.cache_policies import NO_CACHE
 
+from kepsilon.engine.assemble import assemble_release
+from kepsilon.engine.partition import published_labels
 from kepsilon.faults import fault_point
 
 from .errors import KepsilonError
-from .k_anonymise import published_labels
 from .values import cell_texts, csv_encoding, published_type
 
 DATA_CSV = "data.csv"
@@ -62,18 +63,6 @@ class Publication:
 
     def report(self) -> dict:
         return {"directory": str(self.directory), "outputs": dict(self.outputs)}
-
-
-def shuffle_records(frame: pd.DataFrame, order: np.ndarray) -> pd.DataFrame:
-    """The records in the order given by ``order`` (a permutation), with a fresh 0..n-1 index.
-
-    Mondrian and sorting leave records grouped by class and by value; publishing them in that order
-    would let an attacker match rows by position, so release order comes from the release's random
-    source (which keeps a rerun from the escrowed seed byte-identical).
-    """
-    if len(order) != len(frame) or not np.array_equal(np.sort(order), np.arange(len(frame))):
-        raise ValueError("order must be a permutation of the frame's rows")
-    return frame.iloc[order].reset_index(drop=True)
 
 
 def release_directory(output_dir: str | Path, release_id: str) -> Path:
@@ -266,34 +255,6 @@ def _jsonable(value):
 def stage_release(frame: pd.DataFrame, manifest: dict, output_dir: str) -> Publication:
     """Prefect task: write the release files and manifest to the hidden staging folder."""
     return stage(frame, manifest, output_dir)
-
-
-def assemble_release(
-    released_quasis: pd.DataFrame,
-    kept: pd.DataFrame,
-    noisy: pd.DataFrame,
-    removed: np.ndarray,
-    order: np.ndarray,
-    roles: dict[str, list[str]],
-) -> pd.DataFrame:
-    """Merge the classes into the table to publish: generalised k-quasis, noisy ε-quasis, sensitive
-    attributes as they are, in the source's column order, without the suppressed records, shuffled.
-
-    All inputs are aligned row by row with ``kept`` (the records the anonymiser kept).
-    """
-    columns = [c for c in kept.columns if c not in set(roles["explicit"])]
-    merged = pd.DataFrame(index=kept.index)
-    # ``.array`` keeps each column's dtype (text, or the Arrow type read from Parquet); ``to_numpy``
-    # would turn nullable integers into floats and typed values into Python objects.
-    for column in columns:
-        if column in roles["k_quasi"]:
-            merged[column] = released_quasis[column].array
-        elif column in roles["e_quasi"]:
-            merged[column] = noisy[column].to_numpy()
-        else:
-            merged[column] = kept[column].array
-    shuffled = shuffle_records(merged, order)
-    return shuffled[~removed[order]].reset_index(drop=True)
 
 
 @task(name="merge-and-shuffle", cache_policy=NO_CACHE, persist_result=False)

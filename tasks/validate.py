@@ -21,7 +21,7 @@ Checks (a failed or raising expectation counts as a failed check — the gate fa
 - ``l_diversity:<col>`` / ``t_closeness:<col>``, one per declared criterion: every group of the
   published rows (grouped by the k-quasi columns, counted here from the table itself, not from the
   anonymiser's classes) is ℓ-diverse / has EMD ≤ t to the whole input table's distribution (custom
-  `ExpectGroupsToBeLDiverse`, `ExpectGroupsToBeTClose`; the functions of ``kepsilon.tasks.criteria``).
+  `ExpectGroupsToBeLDiverse`, `ExpectGroupsToBeTClose`; the functions of ``kepsilon.engine.criteria``).
 - ``prosecutor_risk_within_limit`` (when ``max_prosecutor_risk`` is set): 1/smallest group ≤ the limit
   (custom `ExpectGroupsProsecutorRiskAtMost`).
 - ``linking_risk_within_limit``: the release's linking risk ≤ ``max_linking_risk`` (data-free, plain: the
@@ -63,8 +63,8 @@ from great_expectations.expectations.metrics.table_metric_provider import (  # n
     TableMetricProvider,
 )
 
-from kepsilon.tasks.criteria import build_criteria, declared, gate_parameters, groups_meet  # noqa: E402
-from kepsilon.tasks.criteria import load_sensitive_hierarchies  # noqa: E402
+from kepsilon.engine.criteria import build_criteria, declared, gate_parameters, groups_meet  # noqa: E402
+from kepsilon.engine.criteria import load_sensitive_hierarchies  # noqa: E402
 from kepsilon.tasks.errors import SpecError  # noqa: E402
 
 logger = logging.getLogger(__name__)
@@ -315,7 +315,7 @@ def validate_release(
     this function raises carry no data value. Parameters are validated first (SpecError names the
     parameter).
 
-    ``criteria``: the sensitive columns' criteria (``kepsilon.tasks.criteria.ColumnCriteria``, built
+    ``criteria``: the sensitive columns' criteria (``kepsilon.engine.criteria.ColumnCriteria``, built
     from the input table); one check per declared ℓ-diversity or t-closeness. ``linking_risk`` with
     ``max_linking_risk``: the plain risk check; ``max_prosecutor_risk``: the group-size risk check.
     """

@@ -20,10 +20,10 @@ from kepsilon.flows.spec import load_spec, parse_spec
 from kepsilon.tasks.advise import advise, smallest_epsilon_for_error
 from kepsilon.tasks.classify import classify
 from kepsilon.tasks.ingest import read_source
-from kepsilon.tasks.k_anonymise import k_anonymise
-from kepsilon.tasks.metrics import linking_risk, release_metrics
-from kepsilon.tasks.perturb import perturb
-from kepsilon.tasks.suppress import suppress_records
+from kepsilon.engine.anonymise import k_anonymise
+from kepsilon.engine.metrics import linking_risk, release_metrics
+from kepsilon.engine.perturb import perturb
+from kepsilon.engine.suppress import suppress_records
 
 from .conftest import ROOT, release_spec_dict
 

@@ -23,8 +23,8 @@ import numpy as np
 import pandas as pd
 import pytest
 
-from kepsilon.tasks.perturb import perturb
-from kepsilon.tasks.suppress import confidence_suppress_columns, suppress_records
+from kepsilon.engine.perturb import perturb
+from kepsilon.engine.suppress import confidence_suppress_columns, suppress_records
 
 LOWER, UPPER = 130.0, 210.0
 K = 3

@@ -14,7 +14,7 @@ import pytest
 from scipy.optimize import linprog
 
 from kepsilon.flows.spec import load_spec, parse_spec
-from kepsilon.tasks.criteria import (
+from kepsilon.engine.criteria import (
     build_criteria,
     emd_equal,
     emd_hierarchical,
@@ -25,9 +25,9 @@ from kepsilon.tasks.criteria import (
     recursive_cl,
 )
 from kepsilon.tasks.errors import SpecError
-from kepsilon.tasks.hierarchy import load_hierarchy
-from kepsilon.tasks.k_anonymise import k_anonymise
-from kepsilon.tasks.ola import ola
+from kepsilon.engine.hierarchy import load_hierarchy
+from kepsilon.engine.anonymise import k_anonymise
+from kepsilon.engine.ola import ola
 from kepsilon.tasks.validate import validate_release
 
 from .conftest import ADULT, ROOT
@@ -67,7 +67,7 @@ def test_emd_formulas_equal_the_transport_problem(seed, tmp_path):
     group = np.array([0, 0, 0, 1, 1, 2])
     tree = np.where(np.equal.outer(group, group), 0.5, 1.0)
     np.fill_diagonal(tree, 0.0)
-    from kepsilon.tasks.criteria import hierarchy_parents
+    from kepsilon.engine.criteria import hierarchy_parents
 
     parents = hierarchy_parents(hierarchy)
     for g in range(3):

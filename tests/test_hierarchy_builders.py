@@ -12,8 +12,8 @@ import pydantic
 import pytest
 
 from kepsilon.tasks.errors import HierarchyError
-from kepsilon.tasks.hierarchy import Hierarchy, generalise, load_hierarchy
-from kepsilon.tasks.hierarchy_builders import (
+from kepsilon.engine.hierarchy import Hierarchy, generalise, load_hierarchy
+from kepsilon.engine.hierarchy_builders import (
     DateHierarchy,
     HierarchyBuilder,
     IntervalHierarchy,
@@ -22,8 +22,8 @@ from kepsilon.tasks.hierarchy_builders import (
     definition_sha256,
     parse_builder,
 )
-from kepsilon.tasks.k_anonymise import mondrian
-from kepsilon.tasks.ola import _hierarchy_for, ola
+from kepsilon.engine.mondrian import mondrian
+from kepsilon.engine.ola import _hierarchy_for, ola
 
 DATA = Path(__file__).resolve().parents[1] / "data"
 

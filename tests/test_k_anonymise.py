@@ -10,8 +10,9 @@ import pandas as pd
 import pytest
 
 from kepsilon.tasks.errors import HierarchyError, InputError, SpecError
-from kepsilon.tasks.hierarchy import generalise, load_hierarchy
-from kepsilon.tasks.k_anonymise import Partition, mondrian
+from kepsilon.engine.hierarchy import generalise, load_hierarchy
+from kepsilon.engine.partition import Partition
+from kepsilon.engine.mondrian import mondrian
 
 from .conftest import ADULT, SYNTHETIC
 

@@ -7,7 +7,7 @@ import pandas as pd
 import pytest
 
 from kepsilon.tasks.errors import InputError, SpecError
-from kepsilon.tasks.metrics import (
+from kepsilon.engine.metrics import (
     class_statistics,
     linked_records,
     linking_risk,
@@ -117,8 +117,9 @@ def test_class_statistics_refuses_bad_suppressed_count():
 from pathlib import Path  # noqa: E402
 from types import SimpleNamespace  # noqa: E402
 
-from kepsilon.tasks.metrics import e_quasi_metrics, expected_absolute_error, release_metrics  # noqa: E402
-from kepsilon.tasks.perturb import perturb, release_generators  # noqa: E402
+from kepsilon.engine.metrics import e_quasi_metrics, expected_absolute_error, release_metrics  # noqa: E402
+from kepsilon.engine.perturb import perturb  # noqa: E402
+from kepsilon.engine.randomness import RecordStreams  # noqa: E402
 
 PEOPLE = Path(__file__).resolve().parents[1] / "data" / "paper-synthetic" / "people.csv"
 HEIGHT_BOUNDS = (130.0, 210.0)
@@ -151,7 +152,7 @@ def test_predicted_error_counts_a_zero_in_its_class_diameter():
     frame = pd.DataFrame({"X": [0.0, 10.0, 20.0, 100.0, 110.0, 120.0]})
     ids = np.array([0, 0, 0, 1, 1, 1])
     quasi = SimpleNamespace(column="X", lower=0.0, upper=200.0)
-    result = perturb(frame, ids, [quasi], {"X": 1.0}, "diameter", release_generators(bytes(32))[0])
+    result = perturb(frame, ids, [quasi], {"X": 1.0}, "diameter", RecordStreams(bytes(32)))
     assert result.scales["X"].tolist() == [20.0] * 6
     figures = e_quasi_metrics(
         frame["X"].to_numpy(), result.frame["X"].to_numpy(), ids, np.ones(6, dtype=bool), result.scales["X"],
@@ -173,8 +174,8 @@ def test_predicted_error_counts_a_zero_in_its_class_diameter():
 
 @pytest.fixture(scope="module")
 def mondrian_heights():
-    k_anonymise = pytest.importorskip("kepsilon.tasks.k_anonymise")
-    from kepsilon.tasks.hierarchy import load_hierarchy
+    k_anonymise = pytest.importorskip("kepsilon.engine.mondrian")
+    from kepsilon.engine.hierarchy import load_hierarchy
 
     frame = pd.read_csv(PEOPLE, sep=";", usecols=["YOB", "GENDER", "RACE", "MARITAL_STATUS", "HEIGHT"])
     columns = ["YOB", "GENDER", "RACE", "MARITAL_STATUS"]
@@ -194,7 +195,7 @@ def test_measured_error_is_within_one_percent_of_predicted_over_30_seeds(mondria
     original = frame["HEIGHT"].to_numpy()
     measured, predicted = [], []
     for seed in range(30):
-        result = perturb(frame, class_ids, [quasi], {"HEIGHT": epsilon}, basis, release_generators(bytes([seed]) * 32)[0])
+        result = perturb(frame, class_ids, [quasi], {"HEIGHT": epsilon}, basis, RecordStreams(bytes([seed]) * 32))
         figures = e_quasi_metrics(
             original, result.frame["HEIGHT"].to_numpy(), class_ids, np.ones(len(frame), dtype=bool),
             result.scales["HEIGHT"], column="HEIGHT", lower=lower, upper=upper, epsilon=epsilon, scale_basis=basis,

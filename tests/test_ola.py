@@ -15,9 +15,9 @@ import pandas as pd
 import pytest
 
 from kepsilon.tasks.errors import HierarchyError, InputError, SpecError
-from kepsilon.tasks.hierarchy import Hierarchy, load_hierarchy
-from kepsilon.tasks.k_anonymise import Partition
-from kepsilon.tasks.ola import METRICS, ola
+from kepsilon.engine.hierarchy import Hierarchy, load_hierarchy
+from kepsilon.engine.partition import Partition
+from kepsilon.engine.ola import METRICS, ola
 
 DATA = Path(__file__).resolve().parents[1] / "data"
 SYNTHETIC_COLUMNS = ["YOB", "GENDER", "RACE", "MARITAL_STATUS"]

@@ -10,15 +10,9 @@ import pytest
 from scipy import stats
 
 from kepsilon.tasks.errors import InputError, SpecError
-from kepsilon.tasks.metrics import measured_relative_error, predicted_relative_error
-from kepsilon.tasks.perturb import (
-    SEED_BYTES,
-    grid_exponents,
-    public_grid,
-    new_seed,
-    perturb,
-    release_generators,
-)
+from kepsilon.engine.metrics import measured_relative_error, predicted_relative_error
+from kepsilon.engine.perturb import grid_exponents, public_grid, new_seed, perturb
+from kepsilon.engine.randomness import SEED_BYTES, RecordStreams
 
 PEOPLE = Path(__file__).resolve().parents[1] / "data" / "paper-synthetic" / "people.csv"
 
@@ -30,8 +24,8 @@ def quasi(column, lower=None, upper=None):
 HEIGHT = quasi("HEIGHT", 130.0, 210.0)
 
 
-def noise_rng(byte: int = 7) -> np.random.Generator:
-    return release_generators(bytes([byte]) * SEED_BYTES)[0]
+def noise_rng(byte: int = 7) -> RecordStreams:
+    return RecordStreams(bytes([byte]) * SEED_BYTES)
 
 
 @pytest.fixture(scope="module")
@@ -64,8 +58,8 @@ def test_measured_error_converges_to_predicted_over_30_seeds(people, epsilon):
 
 def test_measured_error_converges_to_predicted_on_mondrian_classes(people):
     """The paper's set-up: Mondrian classes (k = 10) on the sample, ε = 1, 30 seeds."""
-    k_anonymise = pytest.importorskip("kepsilon.tasks.k_anonymise")
-    from kepsilon.tasks.hierarchy import load_hierarchy
+    k_anonymise = pytest.importorskip("kepsilon.engine.mondrian")
+    from kepsilon.engine.hierarchy import load_hierarchy
 
     frame, _ = people
     columns = ["YOB", "GENDER", "RACE", "MARITAL_STATUS"]
@@ -165,8 +159,7 @@ def test_same_seed_same_release_different_seed_different(people):
     seed = new_seed()
 
     def release(seed_bytes):
-        rng = release_generators(seed_bytes)[0]
-        return perturb(frame, class_ids, [HEIGHT], {"HEIGHT": 1.0}, "diameter", rng).frame
+        return perturb(frame, class_ids, [HEIGHT], {"HEIGHT": 1.0}, "diameter", RecordStreams(seed_bytes)).frame
 
     first, again = release(seed), release(seed)
     assert first["HEIGHT"].to_numpy().tobytes() == again["HEIGHT"].to_numpy().tobytes()
@@ -174,22 +167,19 @@ def test_same_seed_same_release_different_seed_different(people):
     assert not np.array_equal(first["HEIGHT"].to_numpy(), other["HEIGHT"].to_numpy())
 
 
-def test_seed_generators_are_deterministic_and_independent():
+def test_record_streams_are_deterministic_keyed_by_column_and_withhold_the_seed():
     seed = new_seed()
     assert len(seed) == SEED_BYTES and seed != new_seed()
-    noise_a, shuffle_a = release_generators(seed)
-    noise_b, shuffle_b = release_generators(seed)
-    assert np.array_equal(noise_a.random(5), noise_b.random(5))
-    assert np.array_equal(shuffle_a.permutation(50), shuffle_b.permutation(50))
-    noise_c, shuffle_c = release_generators(seed)
-    assert not np.array_equal(noise_c.random(5), shuffle_c.random(5))
-    seed_number = str(int.from_bytes(seed, "big"))
-    for generator in (noise_c, shuffle_c):
-        assert seed_number not in repr(generator.bit_generator.seed_seq)
-        assert seed_number not in repr(generator.bit_generator.state)
+    positions = np.arange(50)
+    first, again = RecordStreams(seed), RecordStreams(seed)
+    assert np.array_equal(first.laplace("HEIGHT", positions), again.laplace("HEIGHT", positions))
+    assert np.array_equal(first.order(positions), again.order(positions))
+    assert not np.array_equal(first.laplace("HEIGHT", positions), first.laplace("WEIGHT", positions))
+    assert not np.array_equal(first.laplace("HEIGHT", positions), RecordStreams(new_seed()).laplace("HEIGHT", positions))
+    assert seed.hex() not in repr(first) and str(int.from_bytes(seed, "big")) not in repr(first)
     for bad in (b"short", seed + b"x", "a" * SEED_BYTES):
         with pytest.raises(SpecError) as caught:
-            release_generators(bad)
+            RecordStreams(bad)
         assert caught.value.parameter == "seed"
 
 
@@ -323,3 +313,43 @@ def test_diameter_mode_clamps_inputs_before_the_diameter():
     result = perturb(frame, np.array([0, 0, 1, 1]), [quasi("X", 100.0, 200.0)], {"X": 2.0}, "diameter", noise_rng(10))
     assert result.scales["X"].tolist() == [50.0, 50.0, 0.0, 0.0]
     assert result.frame["X"].tolist()[2:] == [150.0, 150.0]  # zero diameter: published exactly
+
+
+def test_noise_and_order_do_not_depend_on_how_the_table_is_split(people):
+    """Keyed per record: perturbing two partitions separately gives every record the noise it gets whole."""
+    frame, class_ids = people
+    streams = noise_rng(11)
+    whole = perturb(frame, class_ids, [HEIGHT], {"HEIGHT": 1.0}, "diameter", streams)
+    scales = whole.scales["HEIGHT"]
+    for cut in (1, len(frame) // 3, len(frame) - 1):
+        parts = [frame.iloc[:cut], frame.iloc[cut:]]
+        noise = np.concatenate([streams.laplace("HEIGHT", part.index.to_numpy()) for part in parts])
+        assert np.array_equal(noise, streams.laplace("HEIGHT", frame.index.to_numpy()))
+    raw = frame["HEIGHT"].to_numpy() + streams.laplace("HEIGHT", frame.index.to_numpy()) * scales
+    noised = scales > 0
+    grid = whole.report["columns"]["HEIGHT"]["grid"]
+    assert np.array_equal(whole.frame["HEIGHT"].to_numpy()[noised], np.round(raw[noised] / grid) * grid)
+    # The published order of any subset is the whole order restricted to it.
+    positions = frame.index.to_numpy()
+    whole_order = positions[streams.order(positions)]
+    subset = positions[::3]
+    assert np.array_equal(subset[streams.order(subset)], whole_order[np.isin(whole_order, subset)])
+
+
+def test_keyed_noise_is_standard_laplace_and_the_order_is_uniform():
+    streams = noise_rng(12)
+    draws = streams.laplace("X", np.arange(200_000))
+    assert stats.kstest(draws, stats.laplace().cdf).pvalue > 0.01
+    # Each of 5 records lands in each of 5 places equally often over many seeds' orders.
+    places = np.zeros((5, 5))
+    for byte in range(200):
+        order = RecordStreams(bytes([byte, 1]) + bytes(30)).order(np.arange(5))
+        places[order, np.arange(5)] += 1
+    assert stats.chisquare(places.ravel()).pvalue > 0.001
+
+
+def test_positions_must_be_the_source_positions():
+    frame = pd.DataFrame({"HEIGHT": [150.0, 160.0]}, index=[3, 3])
+    with pytest.raises(SpecError) as caught:
+        perturb(frame, np.array([0, 0]), [HEIGHT], {"HEIGHT": 1.0}, "diameter", noise_rng())
+    assert caught.value.parameter == "frame"

@@ -12,8 +12,9 @@ import pytest
 
 from kepsilon.flows.manifest import published_groups
 from kepsilon.tasks.errors import SpecError
-from kepsilon.tasks.hierarchy_builders import build_hierarchy
-from kepsilon.tasks.k_anonymise import mondrian, published_labels
+from kepsilon.engine.hierarchy_builders import build_hierarchy
+from kepsilon.engine.mondrian import mondrian
+from kepsilon.engine.partition import published_labels
 
 AGES = {"kind": "intervals", "lower": 0, "upper": 100, "widths": [5, 10, 50]}
 
@@ -69,14 +70,15 @@ def test_classes_sharing_labels_are_one_published_group():
 
 def _engine_release(frame, spec, seed: bytes):
     """The flow's stages on a frame with a fixed seed: partition, suppression mask, published labels."""
-    from kepsilon.tasks.k_anonymise import k_anonymise
-    from kepsilon.tasks.perturb import perturb, release_generators
-    from kepsilon.tasks.suppress import suppress_records
+    from kepsilon.engine.anonymise import k_anonymise
+    from kepsilon.engine.perturb import perturb
+    from kepsilon.engine.randomness import RecordStreams
+    from kepsilon.engine.suppress import suppress_records
 
     partition = k_anonymise(frame, spec)
     kept = frame[partition.kept]
     class_ids = partition.class_ids[partition.kept]
-    noise_rng, _ = release_generators(seed)
+    noise_rng = RecordStreams(seed)
     perturbed = perturb(kept, class_ids, spec.roles.e_quasi, spec.epsilon_split(), spec.scale_basis, noise_rng)
     removed = suppress_records(kept, perturbed.frame, class_ids, perturbed.scales, spec).removed
     k_quasi = [q.column for q in spec.roles.k_quasi]

@@ -9,7 +9,8 @@ import numpy as np
 import pandas as pd
 import pytest
 
-from kepsilon.tasks.publish import AlreadyPublished, assemble_release, publish, put_in_place, shuffle_records, stage
+from kepsilon.engine.assemble import assemble_release, shuffle_records
+from kepsilon.tasks.publish import AlreadyPublished, publish, put_in_place, stage
 
 
 def frame():

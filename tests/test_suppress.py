@@ -6,7 +6,7 @@ import numpy as np
 import pytest
 
 from kepsilon.tasks.errors import SpecError
-from kepsilon.tasks.suppress import (
+from kepsilon.engine.suppress import (
     confidence_radius,
     confidence_suppress,
     confidence_suppress_columns,

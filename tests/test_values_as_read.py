@@ -20,8 +20,10 @@ from kepsilon.flows.spec import SourceSpec, load_spec, parse_spec
 from kepsilon.tasks.classify import classify
 from kepsilon.tasks.errors import HierarchyError, InputError
 from kepsilon.tasks.ingest import read_source
-from kepsilon.tasks.k_anonymise import k_anonymise, published_labels
-from kepsilon.tasks.publish import assemble_release, csv_bytes, parquet_bytes, published_columns
+from kepsilon.engine.anonymise import k_anonymise
+from kepsilon.engine.partition import published_labels
+from kepsilon.engine.assemble import assemble_release
+from kepsilon.tasks.publish import csv_bytes, parquet_bytes, published_columns
 
 # The values the issue found rewritten, dropped or refused.
 ISSUE_VALUES = [
@@ -159,7 +161,7 @@ def test_a_utf8_byte_order_mark_is_not_part_of_the_first_column_name(tmp_path):
     assert list(table.frame.columns) == ["ID", "CODE"] and table.frame["ID"].tolist() == ["1"]
     hierarchy = tmp_path / "h.csv"
     hierarchy.write_bytes("\ufeffa;*\n".encode("utf-8"))
-    from kepsilon.tasks.hierarchy import load_hierarchy
+    from kepsilon.engine.hierarchy import load_hierarchy
 
     assert list(load_hierarchy(hierarchy, "CODE").leaves) == ["a"]
 

@@ -32,7 +32,7 @@ Why the search is exact although it groups only a fraction of the nodes:
   beat the best score (branch and bound). ``precision`` strictly increases along generalisation,
   so for it that step ends at once.
 
-Sensitive criteria (ℓ-diversity, t-closeness; ``kepsilon.tasks.criteria``): a class that fails one
+Sensitive criteria (ℓ-diversity, t-closeness; ``kepsilon.engine.criteria``): a class that fails one
 is suppressed like a class smaller than k, within the same budget, and the optimum is over the nodes
 whose suppressed records fit the budget. Monotonicity decides how that optimum is found:
 
@@ -54,7 +54,6 @@ far fewer rows than the data.
 import math
 from collections.abc import Mapping
 from dataclasses import dataclass
-from typing import TYPE_CHECKING
 
 import numpy as np
 import pandas as pd
@@ -62,9 +61,7 @@ import pandas as pd
 from .criteria import declared, group_value_counts, monotone_under_suppression
 from .errors import HierarchyError, SpecError
 from .hierarchy import Hierarchy
-
-if TYPE_CHECKING:  # imported lazily at run time: k_anonymise also carries Prefect task wrappers
-    from .k_anonymise import Partition
+from .partition import Partition, check_anonymiser_parameters
 
 METRICS = ("precision", "loss", "discernibility", "dm_star")
 
@@ -88,7 +85,7 @@ def ola(
     suppression_budget: float,
     metric: str = "precision",
     criteria: list | None = None,
-) -> "Partition":
+) -> Partition:
     """k-anonymise ``columns`` of ``frame`` by the optimal full-domain generalisation.
 
     Parameters: ``columns`` the k-quasis (each needs ``hierarchies[column]``, nested: every label of
@@ -111,14 +108,14 @@ def ola(
       Merging classes only raises it, so it never decreases along generalisation and the optimum is a
       minimal k-anonymous node.
 
-    Returns a ``Partition`` (``kepsilon.tasks.k_anonymise``): ``class_ids`` dense 0..n_classes-1
+    Returns a ``Partition`` (``kepsilon.engine.partition``): ``class_ids`` dense 0..n_classes-1
     (numbered by the first row of each class) for kept rows and -1 for suppressed rows,
     ``released`` the k-quasi columns as hierarchy labels at the chosen node (suppressed rows hold
     the top-level label: they must not be published), ``kept``, and a JSON-serialisable ``report``
     (chosen ``node`` {column: level}, ``metric``/``metric_value``, ``nodes_in_lattice``,
     ``nodes_evaluated``, suppression and class-size figures).
 
-    ``criteria``: sensitive-column criteria (``kepsilon.tasks.criteria.ColumnCriteria``); classes that
+    ``criteria``: sensitive-column criteria (``kepsilon.engine.criteria.ColumnCriteria``); classes that
     fail a declared one are suppressed too (see the module docstring for how the search stays exact).
 
     Raises ``SpecError`` for a bad ``columns``/``k``/``suppression_budget``/``metric`` or when no node
@@ -180,8 +177,6 @@ def ola(
 
 def _check_parameters(frame: pd.DataFrame, columns, k, suppression_budget, metric) -> None:
     """Refuse bad parameters before touching the data; errors name the parameter or column."""
-    from .k_anonymise import check_anonymiser_parameters  # k_anonymise imports Prefect; keep OLA's import light
-
     check_anonymiser_parameters(frame, columns, k)
     if (
         isinstance(suppression_budget, bool)
@@ -716,7 +711,6 @@ def _materialise(frame, columns, hierarchies, leaf_codes, records, evaluator, no
 
     Class ids are numbered by the first row of each class, as Mondrian numbers them.
     """
-    from .k_anonymise import Partition  # the result type shared with Mondrian (see the top import)
 
     class_of_tuple, classes, suppressed = evaluator.suppressed_classes(node)
     raw_class = class_of_tuple[records.tuple_of_record]

@@ -1,0 +1,106 @@
+"""What Mondrian and OLA share: their result, the :class:`Partition`, the checks of their
+parameters, and the labels a partition publishes.
+
+``published_labels`` is the one place a class's k-quasi labels are made, after every suppression
+stage, from the published members only (so no label depends on a suppressed record).
+"""
+
+from dataclasses import dataclass, field
+
+import numpy as np
+import pandas as pd
+
+from .errors import InputError, SpecError
+from .hierarchy import lowest_common_levels
+
+
+@dataclass
+class Partition:
+    """The equivalence classes of an anonymisation and the k-quasi values to publish.
+
+    ``class_ids`` is positional (one per input row): dense ``0..n_classes-1`` for kept rows, numbered by
+    the first row of each class, and ``-1`` for rows the anonymiser suppressed. ``released`` holds the
+    k-quasi columns as strings, with the input frame's index. ``kept`` is ``class_ids >= 0``.
+    """
+
+    class_ids: np.ndarray
+    released: pd.DataFrame
+    kept: np.ndarray
+    report: dict
+    hierarchies: dict = field(default_factory=dict, repr=False)
+    levels: dict | None = None  # OLA's node {column: level}; None: each class at its lowest common level
+    criteria: list = field(default_factory=list, repr=False)  # criteria.ColumnCriteria per sensitive column
+
+
+
+def check_anonymiser_parameters(frame: pd.DataFrame, columns: list[str], k: int) -> None:
+    """Refuse a bad k, an empty or duplicated column list, an unknown column and an empty frame.
+
+    Shared by Mondrian and OLA: both take the same table, k-quasis and k.
+    """
+    if isinstance(k, (bool, np.bool_)) or not isinstance(k, (int, np.integer)):
+        raise SpecError("k", "must be an integer")
+    if k < 2:
+        raise SpecError("k", "must be at least 2 (k = 1 anonymises nothing)")
+    if isinstance(columns, str) or not isinstance(columns, (list, tuple)) or len(columns) == 0:
+        raise SpecError("columns", "needs a non-empty list of k-quasi column names")
+    if len(set(columns)) != len(columns):
+        raise SpecError("columns", "lists a column more than once")
+    for column in columns:
+        if column not in frame.columns:
+            raise InputError(column, "is not a column of the source")
+    if len(frame) == 0:
+        raise InputError(None, "has no rows to anonymise")
+    if k > len(frame):
+        raise SpecError("k", f"is larger than the number of rows ({len(frame)}); no class can reach it")
+
+
+
+def published_labels(
+    frame: pd.DataFrame, class_ids: np.ndarray, published: np.ndarray, hierarchies, levels: dict | None = None
+) -> pd.DataFrame:
+    """The k-quasi labels to publish, computed from the published records only.
+
+    ``frame`` holds the k-quasi columns of the records the anonymiser kept, ``class_ids`` their
+    class, ``published`` which of them survive every suppression stage. With ``levels`` (OLA's
+    node) every value is generalised to its column's level; without (Mondrian) each class gets, per
+    column, the lowest hierarchy level at which its *published* members agree. Either way a label is
+    a node of a public hierarchy and no label depends on a suppressed record: changing a suppressed
+    record's value changes nothing here. Rows not published get the top label (they are dropped).
+
+    Raises ``SpecError`` for a column without a hierarchy: its only labels would be the class's
+    true values or extremes.
+    """
+    dense_ids, n_classes = _dense(class_ids)
+    published = np.asarray(published, dtype=bool)
+    labels = {}
+    for column in frame.columns:
+        hierarchy = hierarchies.get(column)
+        if hierarchy is None:
+            raise SpecError(
+                f"roles.k_quasi.{column}",
+                "needs a hierarchy (a file or a builder: intervals, masking, dates); without one its labels "
+                "would print the class's true values",
+            )
+        leaf_codes = hierarchy.leaf_codes(frame[column])
+        if levels is not None:
+            class_level = np.full(n_classes, int(levels[column]), dtype=np.int64)
+        else:
+            class_level = np.full(n_classes, hierarchy.height - 1, dtype=np.int64)
+            if published.any():
+                present, dense_present = np.unique(dense_ids[published], return_inverse=True)
+                class_level[present] = lowest_common_levels(
+                    leaf_codes[published], dense_present.reshape(-1), hierarchy
+                )
+        row_level = np.where(published, class_level[dense_ids], hierarchy.height - 1)
+        column_labels = np.empty(len(frame), dtype=object)
+        for level in np.unique(row_level):  # one gather per level, not one label per row
+            at_level = row_level == level
+            column_labels[at_level] = hierarchy.labels[level][leaf_codes[at_level]]
+        labels[column] = pd.array(column_labels, dtype=str)
+    return pd.DataFrame(labels, index=frame.index)
+
+
+def _dense(class_ids: np.ndarray) -> tuple[np.ndarray, int]:
+    unique, dense = np.unique(np.asarray(class_ids), return_inverse=True)
+    return dense.reshape(-1).astype(np.int64), len(unique)
