@@ -1,7 +1,7 @@
 """`make bench`: run every benchmark case in its own process, write benchmarks/results.json, print a table.
 
 Cases: ``mondrian-32k`` (benchmarks/bench_mondrian.py), ``engine-32k`` and ``engine-1m``
-(benchmarks/bench_engine.py), and whatever ``benchmarks.bench_ola.run_all()`` returns (a list of
+(benchmarks/bench_engine.py), ``audit-check-100k`` (bench_audit.py), ``engine-import`` (bench_import.py), and whatever ``benchmarks.bench_ola.run_all()`` returns (a list of
 result dicts with extra fields) when that module exists. A case module that is not there yet is
 reported as skipped; an error inside an existing module is not hidden.
 """
@@ -19,9 +19,10 @@ CASES = [
     ("engine-32k", "benchmarks.bench_engine", "engine_32k"),
     ("engine-1m", "benchmarks.bench_engine", "engine_1m"),
     ("audit-check-100k", "benchmarks.bench_audit", "audit_check_100k"),
+    ("engine-import", "benchmarks.bench_import", "engine_import"),
 ]
 # Targets from the project brief: seconds, peak RSS in MB.
-TARGETS = {"engine-32k": (1.0, None), "engine-1m": (30.0, 4096.0)}
+TARGETS = {"engine-32k": (1.0, None), "engine-1m": (30.0, 4096.0), "engine-import": (1.0, None)}
 MAIN_FIELDS = ("name", "rows", "seconds", "peak_rss_mb")
 
 
