@@ -264,3 +264,35 @@ def test_gate_checks_linking_and_prosecutor_risk():
     assert checks(over)["prosecutor_risk_within_limit"] is False  # smallest group 2: risk 0.5
     fine = _gate(frame, spec, frame, linking_risk=0.03, max_linking_risk=0.10, max_prosecutor_risk=0.5)
     assert checks(fine)["linking_risk_within_limit"] and checks(fine)["prosecutor_risk_within_limit"] and fine.success
+
+
+def test_diversity_suppression_removes_a_group_confidence_suppression_left_homogeneous(tmp_path):
+    """Class a: s = x, x, x, y; confidence suppression took the y. Its published group (labels from the three
+    records left) holds only x, so the whole group goes; class b, still diverse, stays untouched."""
+    from kepsilon.engine.partition import Partition
+    from kepsilon.engine.suppress import SuppressionResult, suppress_failing_groups
+
+    hierarchy_file = tmp_path / "q.csv"
+    hierarchy_file.write_text("".join(f"{g}{i};{g}*;*\n" for g in "ab" for i in range(1, 5)), encoding="utf-8")
+    kept = pd.DataFrame({"q": ["a1", "a2", "a3", "a4", "b1", "b2", "b3", "b4"], "s": list("xxxyxyxy")})
+    criteria = build_criteria(
+        parse_spec(
+            {"release_id": "r", "population_id": "p", "source": {"path": "x.csv"}, "k": 2, "epsilon": 1.0,
+             "roles": {"k_quasi": [{"column": "q", "hierarchy": "h.csv"}],
+                       "sensitive": [{"column": "s", "l_diversity": {"l": 2}}]}}
+        ).roles.sensitive,
+        kept,
+    )
+    class_ids = np.array([0, 0, 0, 0, 1, 1, 1, 1])
+    partition = Partition(class_ids=class_ids, released=kept[["q"]], kept=np.ones(8, dtype=bool), report={},
+                          hierarchies={"q": load_hierarchy(hierarchy_file, "q")}, criteria=criteria)
+    removed = np.array([False, False, False, True, False, False, False, False])  # the y of class a
+    confidence = SuppressionResult(record_rule=removed, class_rule=np.zeros(8, dtype=bool), removed=removed, report={})
+
+    result = suppress_failing_groups(kept, class_ids, confidence, partition, {"k_quasi": ["q"]})
+
+    assert result.criteria_rule.tolist() == [True, True, True, False, False, False, False, False]
+    assert result.removed.tolist() == [True, True, True, True, False, False, False, False]
+    assert result.report["removed_by_criteria"] == 3
+    published = kept[~result.removed]
+    assert published.groupby(published["q"].str[0])["s"].nunique().min() >= 2  # independent count
