@@ -12,13 +12,22 @@ what survives is exactly what was durable on disk at that moment. The points, in
   committed; nothing under the release's final name.
 - ``after-audit-commit``: the audit record committed, the staging folder not yet renamed to the final name.
 
-Production never sets the variable; the check costs one dictionary lookup.
+A point can also *hold* instead of kill, so that a scenario acts at exactly that moment however busy
+the machine is: with env ``KEPSILON_HOLD_AT`` naming the point and ``KEPSILON_HOLD_FILE`` a path, the
+release writes ``PATH.reached`` there and waits (up to ``HOLD_SECONDS``) until ``PATH`` exists.
+
+Production never sets the variables; the check costs two dictionary lookups.
 """
 
 import os
 import signal
+import time
+from pathlib import Path
 
 ENV_FAULT_AT = "KEPSILON_FAULT_AT"
+ENV_HOLD_AT = "KEPSILON_HOLD_AT"
+ENV_HOLD_FILE = "KEPSILON_HOLD_FILE"
+HOLD_SECONDS = 120
 FAULT_POINTS = (
     "after-reservation",
     "after-noise",
@@ -30,6 +39,17 @@ FAULT_POINTS = (
 
 
 def fault_point(name: str) -> None:
-    """SIGKILL this process if env ``KEPSILON_FAULT_AT`` names this point; otherwise do nothing."""
+    """SIGKILL this process if env ``KEPSILON_FAULT_AT`` names this point, hold it if ``KEPSILON_HOLD_AT``
+    does; otherwise do nothing."""
     if os.environ.get(ENV_FAULT_AT) == name:
         os.kill(os.getpid(), signal.SIGKILL)
+    if os.environ.get(ENV_HOLD_AT) == name:
+        _hold(Path(os.environ[ENV_HOLD_FILE]))
+
+
+def _hold(release: Path) -> None:
+    """Say the point is reached, then wait for the scenario to create ``release``."""
+    release.with_name(release.name + ".reached").touch()
+    deadline = time.monotonic() + HOLD_SECONDS
+    while not release.exists() and time.monotonic() < deadline:
+        time.sleep(0.01)

@@ -926,20 +926,25 @@ def lock_held(results: Results, env: dict, base: Path, source: Path, seconds: fl
 
 
 def late_lock(results: Results, env: dict, base: Path, source: Path, seconds: float, busy_timeout: float, rerun_cli=None) -> dict:
-    """A lock taken as validation finishes (when the release starts staging) and held ``seconds``: the
-    record cannot be written, nothing appears under the final name, and the rerun publishes with one spend.
+    """A lock taken when the release is completely staged (held there until the lock is taken) and held
+    ``seconds``: the record cannot be written, nothing appears under the final name, and the rerun publishes with one spend.
 
     ``rerun_cli(args, env, cwd) -> (exit code, output)`` runs the rerun (default: ``subprocess_cli``).
     """
     day = BadDay(results, env, base, f"late lock, held {seconds:g} s (busy timeout {busy_timeout:g} s)", source)
     set_cap(day.env, day.work, 10.0)
-    run_env = {**day.env, "KEPSILON_AUDIT_BUSY_TIMEOUT": str(busy_timeout)}
+    hold = day.work / "hold"  # the release waits, fully staged, until the lock is taken (kepsilon/faults.py)
+    run_env = {**day.env, "KEPSILON_AUDIT_BUSY_TIMEOUT": str(busy_timeout),
+               "KEPSILON_HOLD_AT": "before-audit-commit", "KEPSILON_HOLD_FILE": str(hold)}
     spec = day.spec("late")
-    staging = day.work / "out" / ".late.staging"
     fired = threading.Event()
     holder = _hold_lock(day.db, seconds, fired)
-    code, out, err = _run_until(["release", str(spec)], run_env, day.work, lambda _: staging.exists(), fired)
+    releaser = threading.Thread(target=lambda: holder.taken.wait(900) and hold.touch(), daemon=True)
+    releaser.start()
+    reached = hold.with_name("hold.reached")
+    code, out, err = _run_until(["release", str(spec)], run_env, day.work, lambda _: reached.exists(), fired)
     holder.join()
+    releaser.join()
     final = day.work / "out" / "late"
     line = _one_line(err, "release failed:")
     day.check("lock taken while the release was staging", holder.taken.is_set() and bool(line), _flat(err)[-200:])
