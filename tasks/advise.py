@@ -189,17 +189,30 @@ def _cell(frame: pd.DataFrame, partition, spec, draws: int, rng: np.random.Gener
         anonymiser_suppressed_fraction=suppressed / n,
         classes=int(n_classes),
     )
+    cell.predicted_error = predicted_errors(kept, dense, n_classes, spec)
+    _monte_carlo(cell, kept, dense, n_classes, n, spec, draws, rng)
+    return cell
+
+
+def predicted_errors(kept: pd.DataFrame, dense_ids: np.ndarray, n_classes: int, spec) -> dict[str, float]:
+    """Per ε-quasi, the predicted mean relative error of the kept records in classes ``dense_ids``.
+
+    Exact, before any noise: :func:`kepsilon.tasks.metrics.expected_relative_errors` on the scales
+    :func:`kepsilon.tasks.perturb.noise_scales` gives at ``spec.epsilon``, as a release predicts its own.
+    ``kept``: the kept records' ε-quasi columns; records with a zero value have no relative error and are
+    left out of the mean (0 when every value is zero).
+    """
     split = spec.epsilon_split()
+    errors = {}
     for quasi in spec.roles.e_quasi:
         values = kept[quasi.column].to_numpy(dtype=np.float64)
         clamped = np.clip(values, quasi.lower, quasi.upper)
-        scales = noise_scales(clamped, dense, n_classes, quasi.lower, quasi.upper, split[quasi.column], spec.scale_basis)
+        scales = noise_scales(clamped, dense_ids, n_classes, quasi.lower, quasi.upper, split[quasi.column], spec.scale_basis)
         expected = expected_relative_errors(
             values, scales, lower=quasi.lower, upper=quasi.upper, epsilon=split[quasi.column], scale_basis=spec.scale_basis
         )
-        cell.predicted_error[quasi.column] = float(np.nanmean(expected)) if (values != 0).any() else 0.0
-    _monte_carlo(cell, kept, dense, n_classes, n, spec, draws, rng)
-    return cell
+        errors[quasi.column] = float(np.nanmean(expected)) if (values != 0).any() else 0.0
+    return errors
 
 
 def _monte_carlo(cell: Cell, kept: pd.DataFrame, dense, n_classes: int, n: int, spec, draws: int, rng) -> None:
