@@ -7,7 +7,7 @@ from pathlib import Path
 
 from prefect.artifacts import create_markdown_artifact, create_table_artifact
 
-from kepsilon.tasks.figures import markdown_images
+from kepsilon.tasks.figures import Figure, markdown_image
 
 
 def summary_rows(manifest: dict) -> list[dict]:
@@ -109,12 +109,23 @@ def artifact_key(name: str) -> str:
     return "".join(ch if ch.isalnum() else "-" for ch in name.lower())
 
 
-def publish_figure_artifact(name: str, figures: dict[str, bytes], captions: dict[str, str], description: str) -> None:
-    """Attach PNG figures to the flow run as one markdown artifact with the images embedded (data: URIs).
+PRIVATE_FIGURE_NOTE = "Private: for the steward only, computed from the private data."
 
-    Embedded rather than linked: the browser showing the Prefect UI cannot read the worker's report folder.
-    The figures are private (computed from private values): they go to the run's page, never to a release.
+
+def publish_figure_artifact(name: str, figures: dict[str, Figure], captions: dict[str, str], description: str) -> None:
+    """Attach each figure to the flow run as a markdown artifact of its own,
+    so that the plots show on the run's own page, not only one click away.
+
+    The run's Artifacts tab in the Prefect UI (both its UIs, 3.8) shows one card per artifact with the artifact's
+    description rendered as markdown, the first line only in the V1 UI: so the description starts with the
+    figure's card-size PNG. The artifact's page (a click on the card) shows the page-size PNG with its caption.
+    Embedded as ``data:`` URIs: the browser showing the UI cannot read the worker's report folder. The figures
+    are private (computed from private values): they go to the run, never to a release.
     """
-    header = f"# {description}\n\nPrivate: for the steward only, computed from the private data.\n\n"
-    create_markdown_artifact(key=artifact_key(name) + "-figures", markdown=header + markdown_images(figures, captions),
-                             description=description)
+    for figure_name, figure in figures.items():
+        caption = captions.get(figure_name, figure_name)
+        create_markdown_artifact(
+            key=f"{artifact_key(name)}-{artifact_key(figure_name)}",
+            markdown=f"# {caption}\n\n{PRIVATE_FIGURE_NOTE} One of the {description}.\n\n{markdown_image(figure_name, figure.png)}\n",
+            description=f"{markdown_image(caption, figure.card)}\n\nPrivate, for the steward only: {caption}.",
+        )

@@ -306,7 +306,7 @@ class AdviceRun:
     advice: Advice
     event_id: int
     report_dir: Path
-    figures: dict[str, bytes] = field(repr=False)
+    figures: dict = field(repr=False)  # name -> kepsilon.tasks.figures.Figure (page- and card-size PNGs)
 
 
 def advise_and_record(

@@ -3,12 +3,18 @@
 PNG bytes from matplotlib's Agg backend (no display needed). Every figure is computed from private values,
 so it goes to the private report folder (:func:`private_report_dir`, never the published folder) and to
 the flow run's page in the Prefect UI, never into a release or its public manifest.
+
+Each figure can be drawn twice (:class:`Figure`): at page size, for the report folder and the artifact's own page,
+and at the width of an artifact card, for the run's Artifacts tab, where the Prefect UI shows a card per
+artifact with its description rendered as markdown. Redrawn rather than shrunk, so that its labels stay legible.
 No Prefect import here: the flows attach what these functions draw.
 """
 
 import base64
 import io
 import os
+from dataclasses import dataclass
+from functools import cached_property
 from pathlib import Path
 
 import matplotlib
@@ -40,30 +46,62 @@ def private_report_dir(name: str, output_dir: str | Path | None = None) -> Path:
     return folder
 
 
-def write_figures(figures: dict[str, bytes], folder: Path) -> list[Path]:
-    """Write each PNG to ``folder`` (created private, mode 0700); returns the paths."""
+class Figure:
+    """One figure as two PNGs: ``png`` at page size, ``card`` at the width of an artifact card in the Prefect UI.
+
+    Each is drawn when first asked for (``draw(size) -> PNG bytes``), then kept: the CLI, which attaches
+    nothing to a run, never pays for the cards.
+    """
+
+    def __init__(self, draw):
+        self._draw = draw
+
+    @cached_property
+    def png(self) -> bytes:
+        return self._draw(PAGE)
+
+    @cached_property
+    def card(self) -> bytes:
+        return self._draw(CARD)
+
+
+@dataclass(frozen=True)
+class _Size:
+    """How large to draw: a factor on the page's figure size (inches) and the resolution."""
+
+    scale: float
+    dpi: int
+
+    def figsize(self, width: float, height: float) -> tuple[float, float]:
+        return width * self.scale, height * self.scale
+
+
+PAGE = _Size(scale=1.0, dpi=90)  # 7 in → 630 px: the report folder and an artifact's page
+CARD = _Size(scale=0.62, dpi=80)  # 7 in → 347 px: about a card's width on the run's Artifacts tab
+
+
+def write_figures(figures: dict[str, Figure], folder: Path) -> list[Path]:
+    """Write each figure's page-size PNG to ``folder`` (created private, mode 0700); returns the paths."""
     folder.mkdir(parents=True, exist_ok=True, mode=0o700)
     paths = []
-    for name, png in figures.items():
+    for name, figure in figures.items():
         path = folder / f"{name}.png"
-        path.write_bytes(png)
+        path.write_bytes(figure.png)
         paths.append(path)
     return paths
 
 
-def markdown_images(figures: dict[str, bytes], captions: dict[str, str]) -> str:
-    """Markdown embedding each PNG as a ``data:`` URI, so the image travels inside the artifact itself
-    (a link to a file would need the UI's browser to reach the worker's disk)."""
-    parts = []
-    for name, png in figures.items():
-        encoded = base64.b64encode(png).decode("ascii")
-        parts.append(f"### {captions.get(name, name)}\n\n![{name}](data:image/png;base64,{encoded})\n")
-    return "\n".join(parts)
+def markdown_image(alt: str, png: bytes) -> str:
+    """Markdown showing a PNG embedded as a ``data:`` URI, so the image travels inside the artifact itself
+    (a link to a file would need the UI's browser to reach the worker's disk). Brackets in ``alt`` become
+    parentheses, which cannot end the alt text early."""
+    encoded = base64.b64encode(png).decode("ascii")
+    return f"![{alt.replace('[', '(').replace(']', ')')}](data:image/png;base64,{encoded})"
 
 
-def _png(figure) -> bytes:
+def _png(figure, size: _Size) -> bytes:
     buffer = io.BytesIO()
-    figure.savefig(buffer, format="png", dpi=90, bbox_inches="tight")
+    figure.savefig(buffer, format="png", dpi=size.dpi, bbox_inches="tight")
     plt.close(figure)
     return buffer.getvalue()
 
@@ -86,12 +124,22 @@ ADVICE_CAPTIONS = {
 }
 
 
-def advice_figures(advice, max_linking_risk: float | None = None, target_error: float | None = None) -> dict[str, bytes]:
-    """The three trade-off plots of an :class:`kepsilon.tasks.advise.Advice`, as PNG bytes by name."""
-    draws = f"{advice.draws} draws per cell"
-    figures = {}
+def advice_figures(advice, max_linking_risk: float | None = None, target_error: float | None = None) -> dict[str, Figure]:
+    """The three trade-off plots of an :class:`kepsilon.tasks.advise.Advice`, by name."""
+    return {
+        "error_vs_epsilon": Figure(lambda size: _error_vs_epsilon(advice, target_error, size)),
+        "linking_risk_vs_epsilon": Figure(lambda size: _linking_risk_vs_epsilon(advice, max_linking_risk, size)),
+        "suppression_vs_epsilon": Figure(lambda size: _suppression_vs_epsilon(advice, size)),
+    }
 
-    figure, axes = plt.subplots(figsize=(7, 4.5))
+
+def _draws(advice) -> str:
+    return f"{advice.draws} draws per cell"
+
+
+def _error_vs_epsilon(advice, target_error: float | None, size: _Size) -> bytes:
+    """Log–log: predicted error as lines, Monte-Carlo mean ± sd as points, per k."""
+    figure, axes = plt.subplots(figsize=size.figsize(7, 4.5))
     for k, cells in _by_k(advice):
         epsilons = [c.epsilon for c in cells]
         (line,) = axes.plot(epsilons, [c.predicted_mean for c in cells], label=f"k = {k}")
@@ -100,12 +148,15 @@ def advice_figures(advice, max_linking_risk: float | None = None, target_error: 
         axes.errorbar(epsilons, measured, yerr=spread, fmt="o", color=line.get_color(), markersize=4)
     if target_error is not None:
         axes.axhline(target_error, color="grey", linestyle="--", linewidth=1, label="target error")
-    axes.set(xscale="log", yscale="log", xlabel="ε", ylabel="mean relative error", title=f"Error vs ε ({draws})")
+    axes.set(xscale="log", yscale="log", xlabel="ε", ylabel="mean relative error", title=f"Error vs ε ({_draws(advice)})")
     axes.grid(True, which="both", alpha=0.3)
     axes.legend(fontsize=8)
-    figures["error_vs_epsilon"] = _png(figure)
+    return _png(figure, size)
 
-    figure, axes = plt.subplots(figsize=(7, 4.5))
+
+def _linking_risk_vs_epsilon(advice, max_linking_risk: float | None, size: _Size) -> bytes:
+    """Linking risk (Monte-Carlo mean ± sd) against ε, per k."""
+    figure, axes = plt.subplots(figsize=size.figsize(7, 4.5))
     for k, cells in _by_k(advice):
         axes.errorbar(
             [c.epsilon for c in cells],
@@ -117,12 +168,15 @@ def advice_figures(advice, max_linking_risk: float | None = None, target_error: 
         )
     if max_linking_risk is not None:
         axes.axhline(100 * max_linking_risk, color="grey", linestyle="--", linewidth=1, label="risk limit")
-    axes.set(xscale="log", xlabel="ε", ylabel="linking risk (%)", title=f"Linking risk vs ε ({draws})")
+    axes.set(xscale="log", xlabel="ε", ylabel="linking risk (%)", title=f"Linking risk vs ε ({_draws(advice)})")
     axes.grid(True, which="both", alpha=0.3)
     axes.legend(fontsize=8)
-    figures["linking_risk_vs_epsilon"] = _png(figure)
+    return _png(figure, size)
 
-    figure, axes = plt.subplots(figsize=(7, 4.5))
+
+def _suppression_vs_epsilon(advice, size: _Size) -> bytes:
+    """Records suppressed (anonymiser + confidence suppression, Monte-Carlo mean ± sd) against ε, per k."""
+    figure, axes = plt.subplots(figsize=size.figsize(7, 4.5))
     for k, cells in _by_k(advice):
         axes.errorbar(
             [c.epsilon for c in cells],
@@ -132,11 +186,10 @@ def advice_figures(advice, max_linking_risk: float | None = None, target_error: 
             markersize=4,
             label=f"k = {k}",
         )
-    axes.set(xscale="log", xlabel="ε", ylabel="records suppressed (%)", title=f"Suppression vs ε ({draws})")
+    axes.set(xscale="log", xlabel="ε", ylabel="records suppressed (%)", title=f"Suppression vs ε ({_draws(advice)})")
     axes.grid(True, which="both", alpha=0.3)
     axes.legend(fontsize=8)
-    figures["suppression_vs_epsilon"] = _png(figure)
-    return figures
+    return _png(figure, size)
 
 
 # --- A release's figures -----------------------------------------------------------------------------
@@ -148,25 +201,34 @@ RELEASE_CAPTIONS = {
 }
 
 
-def release_figures(group_sizes: np.ndarray, predicted: np.ndarray, measured: np.ndarray, k: int) -> dict[str, bytes]:
-    """A release's group-size histogram and its per-group predicted-vs-measured error scatter (PNG bytes).
+def release_figures(group_sizes: np.ndarray, predicted: np.ndarray, measured: np.ndarray, k: int) -> dict[str, Figure]:
+    """A release's group-size histogram and its per-group predicted-vs-measured error scatter, by name.
 
     ``group_sizes``: records per published group; ``predicted``, ``measured``: per anonymiser class, the
     mean expected and measured relative error of its records (:func:`kepsilon.engine.metrics.errors_by_class`).
     """
-    figures = {}
-    figure, axes = plt.subplots(figsize=(7, 4.5))
-    sizes = np.asarray(group_sizes)
+    return {
+        "group_sizes": Figure(lambda size: _group_sizes(np.asarray(group_sizes), k, size)),
+        "error_by_group": Figure(lambda size: _error_by_group(np.asarray(predicted), np.asarray(measured), size)),
+    }
+
+
+def _group_sizes(sizes: np.ndarray, k: int, size: _Size) -> bytes:
+    """Histogram of the published groups' sizes (log bins), with k marked."""
+    figure, axes = plt.subplots(figsize=size.figsize(7, 4.5))
     bins = np.unique(np.geomspace(max(1, sizes.min()), sizes.max() + 1, 30).astype(int)) if len(sizes) else 10
     axes.hist(sizes, bins=bins, color="tab:blue", edgecolor="white")
     axes.axvline(k, color="tab:red", linestyle="--", linewidth=1, label=f"k = {k}")
     axes.set(xscale="log", xlabel="records in the group", ylabel="groups", title=f"{len(sizes)} published groups")
     axes.legend(fontsize=8)
-    figures["group_sizes"] = _png(figure)
+    return _png(figure, size)
 
-    figure, axes = plt.subplots(figsize=(5.5, 5))
-    shown = (np.asarray(predicted) > 0) & (np.asarray(measured) > 0)
-    axes.scatter(np.asarray(predicted)[shown], np.asarray(measured)[shown], s=8, alpha=0.5)
+
+def _error_by_group(predicted: np.ndarray, measured: np.ndarray, size: _Size) -> bytes:
+    """Per class with noise: measured against predicted relative error (log–log), with the diagonal."""
+    figure, axes = plt.subplots(figsize=size.figsize(5.5, 5))
+    shown = (predicted > 0) & (measured > 0)
+    axes.scatter(predicted[shown], measured[shown], s=8, alpha=0.5)
     if shown.any():
         low = min(np.min(predicted[shown]), np.min(measured[shown]))
         high = max(np.max(predicted[shown]), np.max(measured[shown]))
@@ -175,5 +237,4 @@ def release_figures(group_sizes: np.ndarray, predicted: np.ndarray, measured: np
     axes.set(xscale="log", yscale="log", xlabel="predicted relative error", ylabel="measured relative error",
              title=f"Per group ({int(shown.sum())} groups with noise)")
     axes.grid(True, which="both", alpha=0.3)
-    figures["error_by_group"] = _png(figure)
-    return figures
+    return _png(figure, size)
