@@ -197,8 +197,8 @@ def _cell(frame: pd.DataFrame, partition, spec, draws: int, rng: np.random.Gener
 def predicted_errors(kept: pd.DataFrame, dense_ids: np.ndarray, n_classes: int, spec) -> dict[str, float]:
     """Per ε-quasi, the predicted mean relative error of the kept records in classes ``dense_ids``.
 
-    Exact, before any noise: :func:`kepsilon.tasks.metrics.expected_relative_errors` on the scales
-    :func:`kepsilon.tasks.perturb.noise_scales` gives at ``spec.epsilon``, as a release predicts its own.
+    Exact, before any noise: :func:`kepsilon.engine.metrics.expected_relative_errors` on the scales
+    :func:`kepsilon.engine.perturb.noise_scales` gives at ``spec.epsilon``, as a release predicts its own.
     ``kept``: the kept records' ε-quasi columns; records with a zero value have no relative error and are
     left out of the mean (0 when every value is zero).
     """
