@@ -176,3 +176,120 @@ def test_the_privacy_check_catches_a_mechanism_that_publishes_small_groups():
     without_target = published_counts(0, beta, 1, 20_000, rng)
     with_target = published_counts(1, beta, 1, 20_000, rng)
     assert worst_event_excess(without_target, with_target, epsilon) > safe_k_delta(10, beta, epsilon)
+
+
+def test_the_default_sampling_rate_passes_the_theorem_s_check_at_every_epsilon():
+    # 1 − e^(−ε) rounds above the admissible β for about a third of all ε; the rate is rounded down then.
+    for epsilon in np.linspace(0.01, 5, 2_000):
+        assert minimum_epsilon(sampling_rate_for(float(epsilon))) <= epsilon
+
+
+def test_the_monotone_exponential_mechanism_drops_the_factor_two():
+    scores = np.array([0.0, 3.0, 5.0])
+    monotone = exponential_mechanism_probabilities(scores, epsilon=1.0, sensitivity=2.0, monotone=True)
+    assert monotone == pytest.approx(np.exp(scores / 2) / np.exp(scores / 2).sum())
+
+
+# --- the DP search and the mechanism on coded tables (kepsilon.engine.dp_search) -----------------------
+
+from kepsilon.engine.dp_search import (  # noqa: E402
+    CodedTable,
+    dp_search,
+    node_score,
+    sample_and_anonymise,
+    specialisations,
+    top_node,
+)
+
+
+def tiny_table(rng, rows: int) -> CodedTable:
+    """Two generalised columns (4 leaves in 3 levels, 3 leaves in 2 levels) and one fixed column."""
+    first, second = rng.integers(0, 4, rows), rng.integers(0, 3, rows)
+    return CodedTable(
+        levels=((first, first // 2, np.zeros(rows, dtype=np.int64)), (second, np.zeros(rows, dtype=np.int64))),
+        fixed=(rng.integers(0, 2, rows),),
+    )
+
+
+def with_one_more_record(table: CodedTable, rng) -> CodedTable:
+    extra = tiny_table(rng, 1)
+    return CodedTable(
+        levels=tuple(tuple(np.concatenate([a, b]) for a, b in zip(col, more)) for col, more in zip(table.levels, extra.levels)),
+        fixed=tuple(np.concatenate([a, b]) for a, b in zip(table.fixed, extra.fixed)),
+    )
+
+
+def walk_probabilities(table, threshold, epsilon, steps, sensitivity=None) -> dict:
+    """Exact probability of every path of the search's walk (the walk's full output)."""
+    sensitivity = threshold if sensitivity is None else sensitivity
+    paths = {(): 1.0}
+    for _ in range(steps):
+        longer = {}
+        for path, probability in paths.items():
+            node = path[-1] if path else top_node(table.heights)
+            candidates = [node, *specialisations(node)]
+            scores = np.array([node_score(table, c, threshold) for c in candidates])
+            chosen = exponential_mechanism_probabilities(scores, epsilon / steps, sensitivity, monotone=True)
+            for candidate, p in zip(candidates, chosen):
+                longer[path + (candidate,)] = longer.get(path + (candidate,), 0.0) + probability * p
+        paths = longer
+    return paths
+
+
+def worst_log_ratio(first: dict, second: dict) -> float:
+    return max(abs(math.log(first[path] / second[path])) for path in first)
+
+
+def test_the_search_walk_is_epsilon_dp_on_neighbouring_tables_exactly():
+    """Every path's probability on D and on D plus one record, computed exactly, within e^ε."""
+    epsilon, threshold = 2.0, 3
+    rng = np.random.default_rng(5)
+    for _ in range(30):
+        table = tiny_table(rng, int(rng.integers(5, 25)))
+        neighbour = with_one_more_record(table, rng)
+        ratio = worst_log_ratio(walk_probabilities(table, threshold, epsilon, 2),
+                                walk_probabilities(neighbour, threshold, epsilon, 2))
+        assert ratio <= epsilon + 1e-12
+
+
+def test_the_exact_check_catches_a_search_with_too_small_a_sensitivity():
+    epsilon, threshold = 2.0, 3
+    rng = np.random.default_rng(5)
+    ratios = []
+    for _ in range(30):
+        table = tiny_table(rng, int(rng.integers(5, 25)))
+        neighbour = with_one_more_record(table, rng)
+        ratios.append(worst_log_ratio(walk_probabilities(table, threshold, epsilon, 2, sensitivity=1),
+                                      walk_probabilities(neighbour, threshold, epsilon, 2, sensitivity=1)))
+    assert max(ratios) > epsilon
+
+
+def test_each_search_step_draws_with_the_mechanism_s_probabilities():
+    rng = np.random.default_rng(9)
+    table = tiny_table(rng, 60)
+    probabilities = walk_probabilities(table, 4, 1.0, 1)
+    draws = [dp_search(table, 4, 1.0, 1, rng).node for _ in range(4_000)]
+    nodes = [path[0] for path in probabilities]
+    observed = [sum(d == node for d in draws) for node in nodes]
+    assert chisquare(observed, [4_000 * probabilities[(node,)] for node in nodes]).pvalue > 1e-3
+
+
+def test_compressing_a_table_keeps_its_group_sizes():
+    rng = np.random.default_rng(4)
+    table = tiny_table(rng, 300)
+    for node in [(0, 0), (1, 0), (2, 1), (0, 1)]:
+        assert sorted(table.group_sizes(node)) == sorted(table.compressed().group_sizes(node))
+
+
+def test_sampled_and_anonymised_records_form_no_group_below_k():
+    rng = np.random.default_rng(6)
+    table = tiny_table(rng, 2_000)
+    sampled, published = sample_and_anonymise(table, (0, 0), 40, 0.5, rng)
+    assert not (published & ~sampled).any() and 0 < published.sum() < sampled.sum()
+    keys = pd.DataFrame({"a": table.levels[0][0], "b": table.levels[1][0], "s": table.fixed[0]})
+    sizes = keys[published].groupby(["a", "b", "s"]).size()  # independent group count
+    assert sizes.min() >= 40
+    suppressed = keys[sampled & ~published].groupby(["a", "b", "s"]).size()
+    assert (suppressed < 40).all()
+    with pytest.raises(ValueError, match="outside"):
+        sample_and_anonymise(table, (3, 0), 40, 0.5, rng)

@@ -55,10 +55,15 @@ def minimum_epsilon(beta: float) -> float:
 def sampling_rate_for(epsilon: float) -> float:
     """The largest sampling rate the theorem admits at ε, β = 1 − e^(−ε) (SafePub's choice).
 
-    Sampling more records keeps more of the data; this is the most the guarantee allows.
+    Sampling more records keeps more of the data; this is the most the guarantee allows. Rounded
+    down where floating point would otherwise give a β whose −ln(1 − β) exceeds ε by an ulp (a third
+    of all ε do), so the result always passes the theorem's check at ε.
     """
     _check_epsilon(epsilon)
-    return -math.expm1(-epsilon)
+    beta = -math.expm1(-epsilon)
+    while minimum_epsilon(beta) > epsilon:
+        beta = math.nextafter(beta, 0.0)
+    return beta
 
 
 def gamma(beta: float, epsilon: float) -> float:
@@ -165,19 +170,31 @@ def granularity_score(group_sizes: np.ndarray, k: int, loss: float) -> float:
     return float((1.0 - loss) * sizes[sizes >= k].sum())
 
 
-def exponential_mechanism_probabilities(scores: np.ndarray, epsilon: float, sensitivity: float) -> np.ndarray:
-    """Selection probabilities ∝ exp(ε · score / (2 · sensitivity)) (McSherry and Talwar 2007): ε-DP."""
+def exponential_mechanism_probabilities(
+    scores: np.ndarray, epsilon: float, sensitivity: float, monotone: bool = False
+) -> np.ndarray:
+    """Selection probabilities ∝ exp(ε · score / (2 · sensitivity)) (McSherry and Talwar 2007): ε-DP.
+
+    ``monotone=True`` drops the factor 2, ∝ exp(ε · score / sensitivity), which is ε-DP only for a
+    score that moves in the same direction for every candidate when one record is added (never
+    down) or removed (never up): then the normalising sum moves with the scores and the ratio of any
+    candidate's probabilities on neighbouring data sets stays within e^ε (Dwork and Roth 2014, §3.4).
+    The granularity score is such a score: adding a record never lowers any node's kept count.
+    """
     _check_epsilon(epsilon)
     if not (math.isfinite(sensitivity) and sensitivity > 0):
         raise ValueError("sensitivity must be a finite number above 0")
     scores = np.asarray(scores, dtype=np.float64)
     if scores.size == 0 or not np.isfinite(scores).all():
         raise ValueError("scores must be a non-empty array of finite numbers")
-    weights = np.exp(epsilon * (scores - scores.max()) / (2.0 * sensitivity))  # shifted: no overflow
+    scale = sensitivity if monotone else 2.0 * sensitivity
+    weights = np.exp(epsilon * (scores - scores.max()) / scale)  # shifted: no overflow
     return weights / weights.sum()
 
 
-def exponential_mechanism(scores: np.ndarray, epsilon: float, sensitivity: float, rng: np.random.Generator) -> int:
+def exponential_mechanism(
+    scores: np.ndarray, epsilon: float, sensitivity: float, rng: np.random.Generator, monotone: bool = False
+) -> int:
     """The index of one candidate, drawn with the exponential mechanism's probabilities."""
-    probabilities = exponential_mechanism_probabilities(scores, epsilon, sensitivity)
+    probabilities = exponential_mechanism_probabilities(scores, epsilon, sensitivity, monotone)
     return int(rng.choice(probabilities.size, p=probabilities))
