@@ -194,6 +194,8 @@ def test_the_monotone_exponential_mechanism_drops_the_factor_two():
 
 from kepsilon.engine.dp_search import (  # noqa: E402
     CodedTable,
+    all_nodes,
+    dp_exhaustive_search,
     dp_search,
     node_score,
     sample_and_anonymise,
@@ -220,20 +222,29 @@ def with_one_more_record(table: CodedTable, rng) -> CodedTable:
 
 
 def walk_probabilities(table, threshold, epsilon, steps, sensitivity=None) -> dict:
-    """Exact probability of every path of the search's walk (the walk's full output)."""
+    """Exact probability of every output of the search's walk: the path and the final draw among the
+    nodes visited (together, everything the search's randomness decides)."""
     sensitivity = threshold if sensitivity is None else sensitivity
-    paths = {(): 1.0}
+    each = epsilon / (steps + 1)
+
+    def probabilities(candidates):
+        scores = np.array([node_score(table, c, threshold) for c in candidates])
+        return exponential_mechanism_probabilities(scores, each, sensitivity, monotone=True)
+
+    paths = {(top_node(table.heights),): 1.0}
     for _ in range(steps):
         longer = {}
         for path, probability in paths.items():
-            node = path[-1] if path else top_node(table.heights)
-            candidates = [node, *specialisations(node)]
-            scores = np.array([node_score(table, c, threshold) for c in candidates])
-            chosen = exponential_mechanism_probabilities(scores, epsilon / steps, sensitivity, monotone=True)
-            for candidate, p in zip(candidates, chosen):
+            candidates = [path[-1], *specialisations(path[-1])]
+            for candidate, p in zip(candidates, probabilities(candidates)):
                 longer[path + (candidate,)] = longer.get(path + (candidate,), 0.0) + probability * p
         paths = longer
-    return paths
+    outputs = {}
+    for path, probability in paths.items():
+        visited = list(dict.fromkeys(path))
+        for chosen, p in zip(visited, probabilities(visited)):
+            outputs[path + (chosen,)] = probability * p
+    return outputs
 
 
 def worst_log_ratio(first: dict, second: dict) -> float:
@@ -264,14 +275,31 @@ def test_the_exact_check_catches_a_search_with_too_small_a_sensitivity():
     assert max(ratios) > epsilon
 
 
-def test_each_search_step_draws_with_the_mechanism_s_probabilities():
+def test_the_search_draws_with_the_mechanism_s_probabilities():
     rng = np.random.default_rng(9)
     table = tiny_table(rng, 60)
-    probabilities = walk_probabilities(table, 4, 1.0, 1)
+    outputs = walk_probabilities(table, 4, 1.0, 1)  # (top, step, final draw)
+    final = {}
+    for path, probability in outputs.items():
+        final[path[-1]] = final.get(path[-1], 0.0) + probability
     draws = [dp_search(table, 4, 1.0, 1, rng).node for _ in range(4_000)]
-    nodes = [path[0] for path in probabilities]
+    nodes = list(final)
     observed = [sum(d == node for d in draws) for node in nodes]
-    assert chisquare(observed, [4_000 * probabilities[(node,)] for node in nodes]).pvalue > 1e-3
+    assert chisquare(observed, [4_000 * final[node] for node in nodes]).pvalue > 1e-3
+
+
+def test_the_exhaustive_search_draws_over_the_whole_lattice_with_the_mechanism_s_probabilities():
+    rng = np.random.default_rng(10)
+    table = tiny_table(rng, 60)
+    nodes = all_nodes(table.heights)
+    expected = exponential_mechanism_probabilities(
+        np.array([node_score(table, n, 4) for n in nodes]), 1.0, 4, monotone=True
+    )
+    draws = [dp_exhaustive_search(table, 4, 1.0, rng).node for _ in range(4_000)]
+    observed = [sum(d == node for d in draws) for node in nodes]
+    kept = expected * 4_000 >= 5  # χ² needs expected counts of at least 5
+    assert chisquare(np.append(np.array(observed)[kept], np.array(observed)[~kept].sum()),
+                     np.append(4_000 * expected[kept], 4_000 * expected[~kept].sum())).pvalue > 1e-3
 
 
 def test_compressing_a_table_keeps_its_group_sizes():

@@ -9,15 +9,19 @@ its labels at the node plus its fixed columns, and records sharing every release
 group. The codes are the only input: this module knows neither hierarchies nor data frames, so the
 same functions serve a release, a benchmark and a test.
 
-The search (``dp_search``) walks the lattice from its top: at every step the exponential mechanism
-chooses among staying where it is and each direct specialisation (one column one level lower), with
-``ε_search / steps`` and the granularity score (``kepsilon.engine.dp.granularity_score``). The score
-counts the records in groups of at least ``threshold`` records; adding a record raises it by at
-most ``threshold`` and lowers none, so the mechanism runs with sensitivity ``threshold`` in its
-monotone form. Each step is (ε_search/steps)-DP whatever the steps before chose (the candidates
-depend only on the previous output), so the walk is ε_search-DP by sequential composition.
+Two searches. ``dp_exhaustive_search`` draws the node once among every node of the lattice, with all of
+ε_search. ``dp_search`` (after SafePub) walks the lattice from its top: at every step the
+exponential mechanism chooses among staying where it is and each direct specialisation (one column
+one level lower), and a last draw chooses the output among the nodes visited; each of the
+``steps + 1`` draws spends ``ε_search / (steps + 1)`` and uses the granularity score
+(``kepsilon.engine.dp.granularity_score``). The score counts the records in groups of at least
+``threshold`` records; adding a record raises it by at most ``threshold`` and lowers none, so the
+mechanism runs with sensitivity ``threshold`` in its monotone form. Each draw is DP whatever the
+draws before chose (its candidates depend only on their outputs), so the search is ε_search-DP by
+sequential composition.
 """
 
+import itertools
 import math
 from dataclasses import dataclass, field
 
@@ -148,8 +152,8 @@ def specialisations(node) -> list[tuple[int, ...]]:
 
 @dataclass(frozen=True)
 class SearchResult:
-    """The node the search chose, the node after every step (each a DP output), and how many
-    distinct nodes were scored."""
+    """The node the search chose, the node after every step of the walk (each a DP output), and how
+    many distinct nodes were scored."""
 
     node: tuple[int, ...]
     path: tuple[tuple[int, ...], ...]
@@ -157,39 +161,52 @@ class SearchResult:
 
 
 def dp_search(table: CodedTable, threshold: int, epsilon: float, steps: int, rng: np.random.Generator) -> SearchResult:
-    """Choose a node with ε-differential privacy: ``steps`` exponential-mechanism steps of ε/steps each.
+    """Choose a node with ε-differential privacy: ``steps + 1`` exponential-mechanism draws of
+    ε/(steps + 1) each (SafePub's search).
 
-    From the top node, each step draws among the current node and its direct specialisations with
-    probabilities ∝ exp((ε/steps) · score / threshold) (monotone form: see the module docstring). The
-    scores are computed on ``table`` (the full data, before any sampling) and cached per node.
+    From the top node, each step of the walk draws among the current node and its direct
+    specialisations; a last draw chooses the output among every node the walk visited, the top
+    included (so a walk that went too deep can still return a coarser node). Probabilities are
+    ∝ exp((ε/(steps + 1)) · score / threshold), the monotone form (module docstring). The scores are
+    computed on ``table`` (the full data, before any sampling) and cached per node.
     """
     _check_k(threshold)
     if isinstance(steps, bool) or not isinstance(steps, (int, np.integer)) or steps < 1:
         raise ValueError("steps must be an integer of at least 1")
     scored: dict[tuple[int, ...], float] = {}
+    each = epsilon / (steps + 1)
 
-    def score(node):
-        if node not in scored:
-            scored[node] = node_score(table, node, threshold)
-        return scored[node]
+    def draw(candidates: list[tuple[int, ...]]) -> tuple[int, ...]:
+        for candidate in candidates:
+            if candidate not in scored:
+                scored[candidate] = node_score(table, candidate, threshold)
+        scores = np.array([scored[candidate] for candidate in candidates])
+        return candidates[exponential_mechanism(scores, each, float(threshold), rng, monotone=True)]
 
     node = top_node(table.heights)
+    visited = [node]
     path = []
     for _ in range(steps):
-        candidates = [node, *specialisations(node)]
-        chosen = exponential_mechanism(
-            np.array([score(c) for c in candidates]), epsilon / steps, float(threshold), rng, monotone=True
-        )
-        node = candidates[chosen]
+        node = draw([node, *specialisations(node)])
         path.append(node)
-    return SearchResult(node=node, path=tuple(path), nodes_scored=len(scored))
+        if node not in visited:
+            visited.append(node)
+    return SearchResult(node=draw(visited), path=tuple(path), nodes_scored=len(scored))
 
 
-def search_threshold(k: int, beta: float) -> int:
-    """The group size the search's score asks of the full data: ⌈k/β⌉, the size at which a group's
-    expected sampled count reaches k (so the score favours nodes whose groups survive sampling)."""
-    _check_k(k)
-    return max(k, math.ceil(k / beta))
+def all_nodes(heights) -> list[tuple[int, ...]]:
+    """Every node of the lattice, in lexicographic order of levels (a public order)."""
+    return list(itertools.product(*(range(height) for height in heights)))
+
+
+def dp_exhaustive_search(table: CodedTable, threshold: int, epsilon: float, rng: np.random.Generator) -> SearchResult:
+    """Choose a node with ε-differential privacy in one exponential-mechanism draw over the whole
+    lattice (all of ε on one draw; cost: one grouping per node)."""
+    _check_k(threshold)
+    nodes = all_nodes(table.heights)
+    scores = np.array([node_score(table, node, threshold) for node in nodes])
+    node = nodes[exponential_mechanism(scores, epsilon, float(threshold), rng, monotone=True)]
+    return SearchResult(node=node, path=(node,), nodes_scored=len(nodes))
 
 
 def sample_and_anonymise(table: CodedTable, node, k: int, beta: float, rng: np.random.Generator) -> tuple[np.ndarray, np.ndarray]:
