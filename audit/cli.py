@@ -34,6 +34,7 @@ from .approvals import approve as record_approval
 from .chain import write_checkpoint
 from .errors import sqlite_cause, unavailable
 from .integrity import check_store, inspect_store
+from .ledger import budget as budget_state
 from .ledger import set_cap as record_cap
 from .seeds import unseal_seed
 from .store import open_store, store_path
@@ -140,7 +141,7 @@ def _fail(error: Exception) -> None:
 
 @audit_app.command()
 def budget(ctx: typer.Context, population: str, format: FormatOption = Format.table) -> None:
-    """Q1: ε spent by POPULATION (lifetime, last 12 months), reserved, and left under its cap."""
+    """Q1: ε spent by POPULATION (lifetime, last 12 months), reserved, left under its cap; its DP total (ε, δ)."""
     _answer(ctx, "budget", format, population=population)
 
 
@@ -277,11 +278,19 @@ def set_cap(
     cap: float,
     by: Annotated[str, typer.Option(help="who sets the cap")],
     reason: Annotated[str, typer.Option(help="why")],
+    delta: Annotated[
+        Optional[float], typer.Option(help="lifetime δ cap over the DP mode's releases; default: keep the one in force")
+    ] = None,
 ) -> None:
-    """Set POPULATION's lifetime ε cap to CAP (a new attributed ledger entry; never an edit)."""
+    """Set POPULATION's lifetime ε cap to CAP, and with --delta its δ cap (a new attributed ledger entry; never an edit).
+
+    The ε cap counts every release; the δ cap the DP mode's releases, whose (ε, δ) compose by sums.
+    """
     with _store(ctx, create=True) as db:
-        entry = record_cap(db, population, cap, by, reason)
-    typer.echo(f"cap of {population!r} set to ε={cap:g} (ledger entry {entry})")
+        entry = record_cap(db, population, cap, by, reason, delta=delta)
+        kept = budget_state(db, population)["delta_cap"]
+    shown = "no δ cap" if kept is None else f"δ={kept / 10**18:g}"
+    typer.echo(f"cap of {population!r} set to ε={cap:g}, {shown} (ledger entry {entry})")
 
 
 @audit_app.command()

@@ -1,10 +1,18 @@
-"""The ε ledger: a lifetime cap per population, enforced across releases, processes and reruns.
+"""The (ε, δ) ledger: lifetime caps per population, enforced across releases, processes and reruns.
 
 Guarantee: for every population, at every moment,
-``Σ ε of non-voided reservations + Σ ε of extra (re-draw) spends ≤ latest cap``, counted exactly in
-integer nano-ε. The check and the insert it guards run in one ``BEGIN IMMEDIATE`` transaction, so
-concurrent releases cannot overspend. Amounts are converted conservatively: a charge is rounded up
-to the next nano-ε, a cap down (so the ledger never admits more than was declared).
+``Σ ε of non-voided reservations + Σ ε of extra (re-draw) spends ≤ latest ε cap``, counted exactly in
+integer nano-ε, over the releases of both privacy models; and, over the DP mode's releases alone,
+``Σ δ ≤ latest δ cap`` (when one is set) and ``Σ δ < 1``, counted exactly in integer atto-δ (1e-18).
+The check and the insert it guards run in one ``BEGIN IMMEDIATE`` transaction, so concurrent
+releases cannot overspend. Amounts are converted conservatively: a charge is rounded up to the next
+unit, a cap down (so the ledger never admits more than was declared).
+
+Composition: the DP mode's releases are (ε_i, δ_i)-differentially private, so together they are
+(Σ ε_i, Σ δ_i)-DP (basic composition); that is the population's *DP total* (``budget``). A release of
+the method's own mode (``privacy_model: kepsilon``) is not differentially private: its ε is counted
+against the ε cap like any other but never enters the DP total, which would then claim a guarantee
+that does not hold. A reservation row carries δ exactly when it is a DP-mode reservation.
 
 The ledger is append-only: a cap change, a reservation, the moment noise was drawn (spend) and a
 void are each a new attributed row; a reservation's status is derived from later rows.
@@ -25,6 +33,7 @@ from kepsilon.tasks.errors import KepsilonError, SpecError
 from .store import append, ensure_population, now, require_text, write_transaction
 
 NANO = 10**9
+ATTO = 10**18  # δ's unit: δ down to 1e-18 is charged exactly, a smaller one as 1e-18 (rounded up)
 ENV_DEFAULT_CAP = "KEPSILON_DEFAULT_CAP"
 DEFAULT_CAP_ACTOR = "kepsilon-default"
 
@@ -39,6 +48,19 @@ class BudgetExceeded(KepsilonError):
         super().__init__(
             problem
             or f"population {population_id!r}: requested ε={requested:g} exceeds the remaining budget ε={remaining:g}"
+        )
+
+
+class DeltaBudgetExceeded(BudgetExceeded):
+    """A DP-mode reservation would take the population's δ beyond its δ cap (or its total to 1)."""
+
+    def __init__(self, population_id: str, requested: float, remaining: float, limit: str):
+        super().__init__(
+            population_id,
+            requested,
+            remaining,
+            problem=f"population {population_id!r}: requested δ={requested:g} exceeds the remaining δ={remaining:g} "
+            f"under {limit}; nothing was reserved",
         )
 
 
@@ -81,10 +103,22 @@ class Reservation:
     status: str  # 'reserved' | 'spent' | 'voided'
     reused: bool
     nano_epsilon: int = 0
+    delta: float | None = None  # a DP-mode reservation's δ; None for the method's own mode
+    atto_delta: int | None = None
 
 
 def to_nano(parameter: str, epsilon, *, round_up: bool) -> int:
     """ε as integer nano-ε, exactly from its decimal text; rounded up for charges, down for caps."""
+    return _to_units(parameter, epsilon, NANO, round_up=round_up)
+
+
+def to_atto(parameter: str, delta, *, round_up: bool) -> int:
+    """δ as integer atto-δ (1e-18), exactly from its decimal text; rounded up for charges, down for caps."""
+    return _to_units(parameter, delta, ATTO, round_up=round_up)
+
+
+def _to_units(parameter: str, epsilon, units: int, *, round_up: bool) -> int:
+    """A positive amount in integer ``units`` per 1, exactly from its decimal text."""
     if isinstance(epsilon, bool) or not isinstance(epsilon, (int, float, Decimal, Fraction, str)):
         raise SpecError(parameter, "must be a number")
     try:
@@ -94,16 +128,16 @@ def to_nano(parameter: str, epsilon, *, round_up: bool) -> int:
     if value is None:  # a Fraction: exact rational arithmetic
         if epsilon <= 0:
             raise SpecError(parameter, "must be positive")
-        scaled = epsilon * NANO
+        scaled = epsilon * units
         return math.ceil(scaled) if round_up else math.floor(scaled)
     if not value.is_finite():
         raise SpecError(parameter, "must be finite")
     if value <= 0:
         raise SpecError(parameter, "must be positive")
-    nano = int((value * NANO).to_integral_value(rounding=ROUND_CEILING if round_up else ROUND_FLOOR))
-    if nano <= 0:
-        raise SpecError(parameter, "is below the ledger's resolution of 1e-9")
-    return nano
+    amount = int((value * units).to_integral_value(rounding=ROUND_CEILING if round_up else ROUND_FLOOR))
+    if amount <= 0:
+        raise SpecError(parameter, f"is below the ledger's resolution of 1e-{len(str(units)) - 1}")
+    return amount
 
 
 def from_nano(nano: int) -> float:
@@ -111,12 +145,27 @@ def from_nano(nano: int) -> float:
     return nano / NANO
 
 
-def _cap_nano(conn, population_id: str) -> int | None:
-    row = conn.execute(
-        "SELECT nano_epsilon FROM ledger WHERE population_id = ? AND kind = 'cap' ORDER BY id DESC LIMIT 1",
+def from_atto(atto: int | None) -> float | None:
+    """atto-δ back to a float (None stays None)."""
+    return None if atto is None else atto / ATTO
+
+
+def _latest_cap(conn, population_id: str) -> tuple[int, int | None] | None:
+    """(nano-ε cap, atto-δ cap or None) of the population's latest cap entry; None without one."""
+    return conn.execute(
+        "SELECT nano_epsilon, atto_delta FROM ledger WHERE population_id = ? AND kind = 'cap' ORDER BY id DESC LIMIT 1",
         (population_id,),
     ).fetchone()
-    return row[0] if row else None
+
+
+def _cap_nano(conn, population_id: str) -> int | None:
+    cap = _latest_cap(conn, population_id)
+    return cap[0] if cap else None
+
+
+def _delta_cap_atto(conn, population_id: str) -> int | None:
+    cap = _latest_cap(conn, population_id)
+    return cap[1] if cap else None
 
 
 # ε in use: every non-voided reservation, plus each spend beyond a reservation's first (a visible
@@ -136,6 +185,38 @@ def _used_nano(conn, population_id: str) -> int:
     return conn.execute(_USED_SQL, {"p": population_id}).fetchone()[0]
 
 
+# The DP total, the same sum over DP-mode rows only (they carry δ): ε in nano-ε, δ in atto-δ. A
+# reservation's spends copy its δ, so a visible re-draw is charged δ again as well as ε.
+_DP_USED_SQL = """
+SELECT
+  COALESCE((SELECT SUM(r.{column}) FROM ledger r
+            WHERE r.population_id = :p AND r.kind = 'reserve' AND r.atto_delta IS NOT NULL
+              AND NOT EXISTS (SELECT 1 FROM ledger v WHERE v.reservation_id = r.id AND v.kind = 'void')), 0)
+  + COALESCE((SELECT SUM(s.{column}) FROM ledger s
+              WHERE s.population_id = :p AND s.kind = 'spend' AND s.atto_delta IS NOT NULL
+                AND s.id > (SELECT MIN(f.id) FROM ledger f WHERE f.reservation_id = s.reservation_id AND f.kind = 'spend')), 0)
+"""
+
+
+def _dp_used(conn, population_id: str) -> tuple[int, int]:
+    """(nano-ε, atto-δ) in use by the population's DP-mode releases: their composed (ε, δ)."""
+    nano = conn.execute(_DP_USED_SQL.format(column="nano_epsilon"), {"p": population_id}).fetchone()[0]
+    atto = conn.execute(_DP_USED_SQL.format(column="atto_delta"), {"p": population_id}).fetchone()[0]
+    return nano, atto
+
+
+def _check_delta(conn, population_id: str, atto: int) -> None:
+    """Refuse a δ charge that would pass the population's δ cap, or take its DP total to δ ≥ 1."""
+    used = _dp_used(conn, population_id)[1]
+    cap = _delta_cap_atto(conn, population_id)
+    if cap is not None and atto > cap - used:
+        raise DeltaBudgetExceeded(population_id, from_atto(atto), from_atto(max(cap - used, 0)), "its lifetime δ cap")
+    if atto >= ATTO - used:
+        raise DeltaBudgetExceeded(
+            population_id, from_atto(atto), from_atto(max(ATTO - used, 0)), "δ < 1 (a total δ of 1 guarantees nothing)"
+        )
+
+
 def _status(conn, reservation_id: int) -> str:
     kinds = {k for (k,) in conn.execute("SELECT kind FROM ledger WHERE reservation_id = ?", (reservation_id,))}
     if "void" in kinds:
@@ -145,10 +226,12 @@ def _status(conn, reservation_id: int) -> str:
     return "reserved"
 
 
+_RESERVATION_COLUMNS = "id, population_id, idempotency_key, release_id, nano_epsilon, atto_delta"
+
+
 def _reservation_row(conn, reservation_id: int):
     row = conn.execute(
-        "SELECT id, population_id, idempotency_key, release_id, nano_epsilon FROM ledger WHERE id = ? AND kind = 'reserve'",
-        (reservation_id,),
+        f"SELECT {_RESERVATION_COLUMNS} FROM ledger WHERE id = ? AND kind = 'reserve'", (reservation_id,)
     ).fetchone()
     if row is None:
         raise SpecError("reservation_id", "no such reservation")
@@ -156,8 +239,10 @@ def _reservation_row(conn, reservation_id: int):
 
 
 def _as_reservation(conn, row, reused: bool) -> Reservation:
-    rid, population_id, key, release_id, nano = row
-    return Reservation(rid, population_id, key, release_id, from_nano(nano), _status(conn, rid), reused, nano)
+    rid, population_id, key, release_id, nano, atto = row
+    return Reservation(
+        rid, population_id, key, release_id, from_nano(nano), _status(conn, rid), reused, nano, from_atto(atto), atto
+    )
 
 
 def _default_cap(conn, population_id: str) -> int | None:
@@ -182,31 +267,43 @@ def _default_cap(conn, population_id: str) -> int | None:
 
 
 def reserve(
-    db: sqlite_utils.Database, *, population_id: str, epsilon: float, idempotency_key: str, release_id: str, operator: str
+    db: sqlite_utils.Database,
+    *,
+    population_id: str,
+    epsilon: float,
+    idempotency_key: str,
+    release_id: str,
+    operator: str,
+    delta: float | None = None,
 ) -> Reservation:
-    """Reserve ε for one logical release, or return its existing reservation (``reused=True``, no new spend).
+    """Reserve ε (and, for a DP-mode release, δ) for one logical release, or return its existing
+    reservation (``reused=True``, no new spend).
 
-    Refuses with ``BudgetExceeded`` (before any noise can be drawn) when cap − in-use < ε; with
-    ``CapMissing`` when the population has no cap and env KEPSILON_DEFAULT_CAP is unset; with
-    ``IdempotencyConflict`` when the key already reserved for another population or another ε.
+    ``delta``: the release's δ when it is (ε, δ)-differentially private (the DP mode); None for the
+    method's own mode, whose ε then stays out of the DP total. Refuses, before any noise can be drawn,
+    with ``BudgetExceeded`` when ε cap − ε in use < ε; with ``DeltaBudgetExceeded`` when δ would pass the
+    δ cap or take the DP total to 1; with ``CapMissing`` when the population has no cap and env
+    KEPSILON_DEFAULT_CAP is unset; with ``IdempotencyConflict`` when the key already reserved for
+    another population, ε or δ.
     """
     population_id = require_text("population_id", population_id)
     idempotency_key = require_text("idempotency_key", idempotency_key)
     release_id = require_text("release_id", release_id)
     operator = require_text("operator", operator)
     nano = to_nano("epsilon", epsilon, round_up=True)
+    atto = None if delta is None else to_atto("delta", delta, round_up=True)
     with write_transaction(db) as conn:
         existing = conn.execute(
-            """SELECT id, population_id, idempotency_key, release_id, nano_epsilon FROM ledger r
+            f"""SELECT {_RESERVATION_COLUMNS} FROM ledger r
                WHERE r.kind = 'reserve' AND r.idempotency_key = ?
                  AND NOT EXISTS (SELECT 1 FROM ledger v WHERE v.reservation_id = r.id AND v.kind = 'void')
                ORDER BY id DESC LIMIT 1""",
             (idempotency_key,),
         ).fetchone()
         if existing is not None:
-            if existing[1] != population_id or existing[4] != nano:
+            if existing[1] != population_id or existing[4] != nano or existing[5] != atto:
                 raise IdempotencyConflict(
-                    "already reserved for another population or another ε; a changed release needs a new key"
+                    "already reserved for another population, another ε or another δ; a changed release needs a new key"
                 )
             return _as_reservation(conn, existing, reused=True)
         ensure_population(conn, population_id, operator)
@@ -218,6 +315,8 @@ def reserve(
         left = cap - _used_nano(conn, population_id)
         if nano > left:
             raise BudgetExceeded(population_id, from_nano(nano), from_nano(max(left, 0)))
+        if atto is not None:
+            _check_delta(conn, population_id, atto)
         rid = append(
             conn,
             "ledger",
@@ -229,9 +328,12 @@ def reserve(
                 "release_id": release_id,
                 "actor": operator,
                 "created_at": now(),
+                "atto_delta": atto,
             },
         )
-        return Reservation(rid, population_id, idempotency_key, release_id, from_nano(nano), "reserved", False, nano)
+        return Reservation(
+            rid, population_id, idempotency_key, release_id, from_nano(nano), "reserved", False, nano, from_atto(atto), atto
+        )
 
 
 def mark_noise_drawn(db: sqlite_utils.Database, reservation_id: int, *, redraw: bool = False, actor: str = "kepsilon-flow") -> int:
@@ -243,7 +345,7 @@ def mark_noise_drawn(db: sqlite_utils.Database, reservation_id: int, *, redraw: 
     entry that charges ε again, visibly, and is refused with ``BudgetExceeded`` if the cap forbids it.
     """
     with write_transaction(db) as conn:
-        rid, population_id, key, release_id, nano = _reservation_row(conn, reservation_id)
+        rid, population_id, key, release_id, nano, atto = _reservation_row(conn, reservation_id)
         status = _status(conn, rid)
         if status == "voided":
             raise ReservationStateError(f"reservation {rid} was voided; noise must not be drawn under it")
@@ -255,6 +357,8 @@ def mark_noise_drawn(db: sqlite_utils.Database, reservation_id: int, *, redraw: 
             left = _cap_nano(conn, population_id) - _used_nano(conn, population_id)
             if nano > left:
                 raise BudgetExceeded(population_id, from_nano(nano), from_nano(max(left, 0)))
+            if atto is not None:
+                _check_delta(conn, population_id, atto)
         return append(
             conn,
             "ledger",
@@ -268,6 +372,7 @@ def mark_noise_drawn(db: sqlite_utils.Database, reservation_id: int, *, redraw: 
                 "actor": actor,
                 "reason": "fresh noise drawn again for the same release" if status == "spent" else "noise drawn",
                 "created_at": now(),
+                "atto_delta": atto,
             },
         )
 
@@ -276,7 +381,7 @@ def void(db: sqlite_utils.Database, reservation_id: int, reason: str, *, actor: 
     """Release a reservation's ε (e.g. a release refused before noise); refused once noise was drawn."""
     reason = require_text("reason", reason)
     with write_transaction(db) as conn:
-        rid, population_id, key, release_id, nano = _reservation_row(conn, reservation_id)
+        rid, population_id, key, release_id, nano, atto = _reservation_row(conn, reservation_id)
         status = _status(conn, rid)
         if status == "spent":
             raise ReservationStateError(f"reservation {rid}: noise was already drawn, its ε stays spent")
@@ -294,21 +399,30 @@ def void(db: sqlite_utils.Database, reservation_id: int, reason: str, *, actor: 
                 "actor": actor,
                 "reason": reason,
                 "created_at": now(),
+                "atto_delta": atto,
             },
         )
 
 
-def set_cap(db: sqlite_utils.Database, population_id: str, cap: float, by: str, reason: str) -> int:
-    """Set the population's lifetime cap (a new attributed entry; the latest one counts). Returns its id.
+def set_cap(
+    db: sqlite_utils.Database, population_id: str, cap: float, by: str, reason: str, *, delta: float | None = None
+) -> int:
+    """Set the population's lifetime caps (a new attributed entry; the latest one counts). Returns its id.
 
-    A cap below what is already in use is recorded too: it simply admits nothing more.
+    ``cap`` limits ε over every release; ``delta`` limits δ over the DP mode's releases. Without
+    ``delta`` the new entry keeps the δ cap in force (none if there was none), so changing the ε cap
+    never lifts a δ cap by omission. A cap below what is already in use is recorded too: it simply
+    admits nothing more.
     """
     population_id = require_text("population_id", population_id)
     by = require_text("by", by)
     reason = require_text("reason", reason)
     nano = to_nano("cap", cap, round_up=False)
+    atto = None if delta is None else to_atto("delta", delta, round_up=False)
     with write_transaction(db) as conn:
         ensure_population(conn, population_id, by)
+        if atto is None:
+            atto = _delta_cap_atto(conn, population_id)
         return append(
             conn,
             "ledger",
@@ -319,19 +433,25 @@ def set_cap(db: sqlite_utils.Database, population_id: str, cap: float, by: str, 
                 "actor": by,
                 "reason": reason,
                 "created_at": now(),
+                "atto_delta": atto,
             },
         )
 
 
 def budget(db: sqlite_utils.Database, population_id: str, since: str | None = None) -> dict:
-    """Exact budget state of a population in nano-ε: cap, reserved (not yet spent), spent, remaining.
+    """Exact budget state of a population in nano-ε: cap, reserved (not yet spent), spent, remaining;
+    and its DP total, in nano-ε and atto-δ.
 
     ``since`` (a timestamp as stored) additionally counts ε spent since then (e.g. last 12 months).
-    ``cap`` and ``remaining`` are None when no cap is set.
+    ``cap`` and ``remaining`` are None when no cap is set; ``delta_cap`` and ``delta_remaining`` when
+    no δ cap is. ``dp_epsilon``/``dp_delta``: the composed (ε, δ) of the DP mode's releases in use;
+    ``kepsilon_epsilon``: the ε of the method's own mode (bookkeeping, not a DP guarantee).
     """
     conn = db.conn
     cap = _cap_nano(conn, population_id)
     used = _used_nano(conn, population_id)
+    dp_nano, dp_atto = _dp_used(conn, population_id)
+    delta_cap = _delta_cap_atto(conn, population_id)
     spent_sql = """SELECT COALESCE(SUM(s.nano_epsilon), 0) FROM ledger s
                    WHERE s.population_id = ? AND s.kind = 'spend' AND s.created_at >= ?"""
     spent = conn.execute(spent_sql, (population_id, "")).fetchone()[0]
@@ -344,6 +464,11 @@ def budget(db: sqlite_utils.Database, population_id: str, since: str | None = No
         "reserved_unspent": used - spent,
         "spent_since": spent_since,
         "remaining": None if cap is None else cap - used,
+        "dp_epsilon": dp_nano,
+        "dp_delta": dp_atto,
+        "kepsilon_epsilon": used - dp_nano,
+        "delta_cap": delta_cap,
+        "delta_remaining": None if delta_cap is None else delta_cap - dp_atto,
     }
 
 

@@ -4,7 +4,8 @@ One definition serves both the ``kepsilon audit`` commands and Datasette's canne
 (``audit/datasette.yaml`` is generated from ``QUERIES``: ``python -m kepsilon.audit.queries``), so the
 browser and the command line cannot drift apart. ε is stored as integer nano-ε and shown divided by 1e9
 only at the end, after exact integer sums. Question 10 (chain integrity) needs hash recomputation and
-is ``kepsilon audit verify``; the ``chain_head`` query shows the head to compare with a checkpoint.
+is ``kepsilon audit verify``; the ``chain_head`` query shows the head to compare with a checkpoint. δ is
+stored as integer atto-δ (1e-18) and shown divided by 1e18 the same way.
 """
 
 from __future__ import annotations
@@ -32,18 +33,22 @@ class Query:
 
 _BUDGET = f"""
 WITH
-  cap AS (SELECT nano_epsilon AS nano FROM ledger
+  cap AS (SELECT nano_epsilon AS nano, atto_delta AS atto FROM ledger
           WHERE population_id = :population AND kind = 'cap' ORDER BY id DESC LIMIT 1),
-  live AS (SELECT r.id, r.nano_epsilon AS nano FROM ledger r
+  live AS (SELECT r.id, r.nano_epsilon AS nano, r.atto_delta AS atto FROM ledger r
            WHERE r.population_id = :population AND r.kind = 'reserve'
              AND NOT EXISTS (SELECT 1 FROM ledger v WHERE v.reservation_id = r.id AND v.kind = 'void')),
-  spends AS (SELECT s.id, s.reservation_id, s.nano_epsilon AS nano, s.created_at FROM ledger s
+  spends AS (SELECT s.id, s.reservation_id, s.nano_epsilon AS nano, s.atto_delta AS atto, s.created_at FROM ledger s
              WHERE s.population_id = :population AND s.kind = 'spend'),
-  redraws AS (SELECT s.nano FROM spends s
+  redraws AS (SELECT s.nano, s.atto FROM spends s
               WHERE s.id > (SELECT MIN(f.id) FROM spends f WHERE f.reservation_id = s.reservation_id)),
+  -- A reservation carries δ exactly when its release is in the DP mode: only those compose into the DP total.
   totals AS (
-    SELECT (SELECT nano FROM cap) AS cap,
+    SELECT (SELECT nano FROM cap) AS cap, (SELECT atto FROM cap) AS cap_atto,
            COALESCE((SELECT SUM(nano) FROM live), 0) + COALESCE((SELECT SUM(nano) FROM redraws), 0) AS in_use,
+           COALESCE((SELECT SUM(nano) FROM live WHERE atto IS NOT NULL), 0)
+             + COALESCE((SELECT SUM(nano) FROM redraws WHERE atto IS NOT NULL), 0) AS dp_nano,
+           COALESCE((SELECT SUM(atto) FROM live), 0) + COALESCE((SELECT SUM(atto) FROM redraws), 0) AS dp_atto,
            COALESCE((SELECT SUM(nano) FROM spends), 0) AS spent,
            COALESCE((SELECT SUM(nano) FROM spends WHERE created_at >= {_TWELVE_MONTHS_AGO}), 0) AS spent_12m)
 SELECT :population AS population_id,
@@ -52,6 +57,11 @@ SELECT :population AS population_id,
        spent_12m / 1e9 AS spent_last_12_months,
        (in_use - spent) / 1e9 AS reserved_not_spent,
        CASE WHEN cap IS NULL THEN NULL ELSE (cap - in_use) / 1e9 END AS remaining,
+       dp_nano / 1e9 AS dp_epsilon,
+       dp_atto / 1e18 AS dp_delta,
+       (in_use - dp_nano) / 1e9 AS kepsilon_mode_epsilon,
+       cap_atto / 1e18 AS delta_cap,
+       CASE WHEN cap_atto IS NULL THEN NULL ELSE (cap_atto - dp_atto) / 1e18 END AS delta_remaining,
        (SELECT COUNT(*) FROM ledger WHERE population_id = :population AND kind = 'cap') AS cap_entries
 FROM totals
 WHERE :population != ''
@@ -179,10 +189,11 @@ ORDER BY record
 
 _SCALE_BASIS = """
 SELECT id AS record, release_id, outcome, scale_basis,
-       CASE scale_basis WHEN 'diameter' THEN 'data-derived (class diameter, the paper''s method)'
-                        WHEN 'bounds' THEN 'public bounds'
-                        ELSE 'not recorded' END AS noise_scale,
-       mechanism, epsilon, population_id, finished_at
+       CASE WHEN privacy_model = 'dp' THEN 'none: DP mode (nothing noised; sampling and safe k-anonymisation)'
+            WHEN scale_basis = 'diameter' THEN 'data-derived (class diameter, the paper''s method)'
+            WHEN scale_basis = 'bounds' THEN 'public bounds'
+            ELSE 'not recorded' END AS noise_scale,
+       mechanism, epsilon, delta, population_id, finished_at
 FROM releases
 WHERE :basis IN ('', 'any') OR scale_basis = :basis
 ORDER BY id
@@ -214,9 +225,11 @@ SELECT (SELECT COUNT(*) FROM chain) AS entries,
 
 QUERIES: dict[str, Query] = {
     "budget": Query(
-        "1. ε spent by a population, and what is left",
+        "1. ε (and δ) spent by a population, and what is left",
         "population (required): lifetime and last-12-months ε spent, ε reserved but not yet spent, and ε left "
-        "under the latest cap. No population, no answer.",
+        "under the latest cap (releases of both privacy models); then the DP total — the composed (ε, δ) of the "
+        "DP mode's releases, sums of their ε and δ — beside the ε of the method's own mode, which is bookkeeping "
+        "and never enters the DP total; and δ left under the δ cap. No population, no answer.",
         _BUDGET,
         ("population",),
     ),

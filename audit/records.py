@@ -23,6 +23,8 @@ _RELEASE_COLUMNS = {
     "spec_hash": ("spec_hash",),
     "k": ("k",),
     "epsilon": ("epsilon",),
+    "privacy_model": ("privacy_model",),
+    "delta": ("dp", "delta"),
     "algorithm": ("algorithm",),
     "scale_basis": ("scale_basis",),
     "mechanism": ("mechanism",),
@@ -54,6 +56,8 @@ _RELEASE_COLUMNS = {
 _PARAMETER_SECTIONS = (
     "k",
     "epsilon",
+    "privacy_model",
+    "dp",
     "epsilon_split",
     "algorithm",
     "scale_basis",

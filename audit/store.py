@@ -22,7 +22,7 @@ import logging
 import os
 import sqlite3
 import time
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from datetime import datetime, timezone
 from json.encoder import encode_basestring
 from pathlib import Path
@@ -68,8 +68,10 @@ PROTECTED_TABLES = AUDITED_TABLES + ("chain",)
 # hashed content, so rows chained before the migration keep their hash; once set they are covered.
 LATER_COLUMNS = {
     "releases": frozenset(
-        {"failure_reason", "l_diversity_min", "t_closeness_max", "homogeneous_groups", "prosecutor_risk"}
-    )
+        {"failure_reason", "l_diversity_min", "t_closeness_max", "homogeneous_groups", "prosecutor_risk",
+         "privacy_model", "delta"}
+    ),
+    "ledger": frozenset({"atto_delta"}),
 }
 
 migrations = Migrations("kepsilon.audit")
@@ -319,6 +321,23 @@ def _disclosure(db: sqlite_utils.Database) -> None:
         db.execute(f"ALTER TABLE releases ADD COLUMN {column} {kind}")
 
 
+@migrations(name="0005_ledger_delta")
+def _ledger_delta(db: sqlite_utils.Database) -> None:
+    """δ beside ε: the DP mode's releases are (ε, δ)-differentially private, and their δ compose too.
+
+    ``ledger.atto_delta``: δ in integer units of 1e-18 (exact sums, like nano-ε), charged rounded up and
+    capped rounded down. On a 'reserve' row (and its 'spend' and 'void' rows) it marks a DP-mode
+    reservation, whose ε and δ add up in the population's DP total; NULL marks a release of the
+    method's own mode, whose ε is bookkeeping and never enters that total. On a 'cap' row it is the
+    population's lifetime δ cap (NULL: none). ``releases.privacy_model`` and ``releases.delta`` copy the
+    record's mode and δ for the officers' queries. Rows chained before this migration keep their hash
+    (``LATER_COLUMNS``).
+    """
+    db.execute("ALTER TABLE ledger ADD COLUMN atto_delta INTEGER CHECK (atto_delta IS NULL OR atto_delta > 0)")
+    db.execute("ALTER TABLE releases ADD COLUMN privacy_model TEXT")
+    db.execute("ALTER TABLE releases ADD COLUMN delta REAL")
+
+
 def store_path(path: str | Path | None = None) -> Path:
     """The store's file: ``path``, else env KEPSILON_AUDIT_DB, else ./audit.db."""
     if path is not None:
@@ -536,8 +555,9 @@ class RowEncoder:
     Byte-identical to that expression (tests check it) and about four times faster, so verifying
     100,000 entries stays well under a second: the column order and the key text are worked out once
     per table and compiled into one %-format expression (only positions go into the generated code,
-    never names). Columns in ``LATER_COLUMNS`` are left out while NULL, which a fixed format cannot do,
-    so rows of such tables take the general path.
+    never names). Columns in ``LATER_COLUMNS`` are left out while NULL: a table with such columns gets
+    two formats, one without them (all NULL) and one with them (all set), and only a row with some
+    set and some NULL takes the general path.
     """
 
     def __init__(self, table: str, columns: list[str], offset: int = 0):
@@ -546,15 +566,30 @@ class RowEncoder:
         ordered = sorted(range(len(columns)), key=lambda i: columns[i])
         self._items = [(encode_basestring(columns[i]) + ":", i + offset, columns[i] in later) for i in ordered]
         self._suffix = "}," + '"table":' + encode_basestring(table) + "}"
-        if any(drop for _, _, drop in self._items):
-            self.content = self._general
+        self._later = [i for _, i, drop in self._items if drop]
+        if not self._later:
+            self.content = self._compile(self._items)
             return
-        template = '{"row":{' + ",".join(key.replace("%", "%%") + "%s" for key, _, _ in self._items)
+        # Two fixed formats: every later column NULL (left out), or every one set; a mix is general.
+        self._without_later = self._compile([item for item in self._items if not item[2]])
+        self._with_later = self._compile(self._items)
+        self.content = self._by_later_columns
+
+    def _compile(self, items) -> "Callable":
+        template = '{"row":{' + ",".join(key.replace("%", "%%") + "%s" for key, _, _ in items)
         template += self._suffix.replace("%", "%%")
-        values = ", ".join(f"J[type(r[{i}])](r[{i}])" for _, i, _ in self._items)
+        values = ", ".join(f"J[type(r[{i}])](r[{i}])" for _, i, _ in items)
         namespace = {"T": template, "J": _VALUE_JSON}
         exec(f"def content(r):\n    return T % ({values},)\n", namespace)  # noqa: S102 - positions only
-        self.content = namespace["content"]
+        return namespace["content"]
+
+    def _by_later_columns(self, values) -> str:
+        unset = sum(values[i] is None for i in self._later)
+        if unset == len(self._later):
+            return self._without_later(values)
+        if unset == 0:
+            return self._with_later(values)
+        return self._general(values)
 
     def _general(self, values) -> str:
         to_json = _VALUE_JSON

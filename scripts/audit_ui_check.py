@@ -43,14 +43,16 @@ CHROMIUM_FLAGS = [
     "--disable-dev-shm-usage",
 ]
 S1, S2 = "1" * 64, "2" * 64
+DIAMETER = "data-derived (class diameter, the paper's method)"
 
 
 def build_store(path: Path, checkpoint: Path) -> None:
-    """Five releases of population 'adult' (cap 1.0), written in the flow's order of calls.
+    """Six releases of population 'adult' (cap ε 1.0, δ 1e-5), written in the flow's order of calls.
 
     R1 (ε 0.4) run by bob, approved by carol, published with 3 homogeneous groups; R2 (ε 0.2, k 3, public bounds, source S2, numpy 2.4.5)
     self-approved; R3 (ε 0.1) failed after its noise, then rerun from its unsealed seed and published;
-    R4 (ε 0.1) drew its noise twice and failed its k-anonymity check; R5 (ε 0.5) refused over the cap.
+    R4 (ε 0.1) drew its noise twice and failed its k-anonymity check; R6 (ε 0.05, δ 1e-6) in the DP mode;
+    R5 (ε 0.5) refused over the cap.
     A checkpoint is exported at the end.
     """
     from kepsilon.audit.approvals import approve
@@ -61,8 +63,10 @@ def build_store(path: Path, checkpoint: Path) -> None:
     from kepsilon.audit.seeds import seal_seed, unseal_seed
     from kepsilon.audit.store import open_store
 
-    def manifest(release, key, *, k=5, epsilon, basis="diameter", source=S1, numpy="2.4.6", checks=True, homogeneous=0):
+    def manifest(release, key, *, k=5, epsilon, basis="diameter", source=S1, numpy="2.4.6", checks=True, homogeneous=0,
+                 dp=None):
         return {
+            **({"privacy_model": "dp", "dp": dp} if dp else {"privacy_model": "kepsilon"}),
             "disclosure": {"homogeneous_groups": homogeneous, "l_diversity_min": 1 if homogeneous else 2,
                            "t_closeness_max": 0.5, "prosecutor_risk": 0.2},
             "release_id": release, "population_id": "adult", "idempotency_key": key, "spec_hash": key[-1] * 64,
@@ -81,7 +85,7 @@ def build_store(path: Path, checkpoint: Path) -> None:
         return reservation
 
     db = open_store(path)
-    set_cap(db, "adult", 1.0, "alice", "initial policy")
+    set_cap(db, "adult", 1.0, "alice", "initial policy", delta=1e-5)
     r1 = drawn("R1", "k1", 0.4)
     record_release(db, manifest("R1", "k1", epsilon=0.4, homogeneous=3), outcome="published", reservation_id=r1.id)
     approve(db, release_id="R1", spec_hash="1" * 64, approver="carol", reason="reviewed")
@@ -99,6 +103,12 @@ def build_store(path: Path, checkpoint: Path) -> None:
     r4 = drawn("R4", "k4", 0.1)
     mark_noise_drawn(db, r4.id, redraw=True)
     record_release(db, manifest("R4", "k4", epsilon=0.1, checks=False), outcome="failed", reservation_id=r4.id)
+    seal_seed(db, idempotency_key="k6", release_id="R6", seed=os.urandom(32))
+    r6 = reserve(db, population_id="adult", epsilon=0.05, idempotency_key="k6", release_id="R6", operator="bob",
+                 delta=1e-6)
+    mark_noise_drawn(db, r6.id)
+    record_release(db, manifest("R6", "k6", k=74, epsilon=0.05, basis=None, dp={"delta": 1e-6, "beta": 0.04}),
+                   outcome="published", reservation_id=r6.id)
     try:
         reserve(db, population_id="adult", epsilon=0.5, idempotency_key="k5", release_id="R5", operator="bob")
         raise AssertionError("R5 should exceed the cap")
@@ -192,8 +202,9 @@ def expected_pages(chain_entries: int, head_hash: str, checkpoint_entries: int) 
     """Every officers' question (and the misleading cases of issue 10) with the rows its page must show."""
     return {
         "budget": ("/audit/budget?population=adult",
-                   [{"population_id": "adult", "cap": "1.0", "spent_lifetime": "0.9", "remaining": "0.1",
-                     "cap_entries": "1"}]),
+                   [{"population_id": "adult", "cap": "1.0", "spent_lifetime": "0.95", "remaining": "0.05",
+                     "dp_epsilon": "0.05", "dp_delta": "1e-06", "kepsilon_mode_epsilon": "0.9",
+                     "delta_cap": "1e-05", "delta_remaining": "9e-06", "cap_entries": "1"}]),
         "budget-empty": ("/audit/budget", []),
         "policy-defaults": ("/audit/policy", [{"release_id": "R2", "k": "3", "breach": "k below policy"}]),
         "policy": ("/audit/policy?min_k=&max_epsilon=0.3",
@@ -215,6 +226,11 @@ def expected_pages(chain_entries: int, head_hash: str, checkpoint_entries: int) 
         "diversity": ("/audit/diversity",
                       [{"release_id": "R1", "homogeneous_groups": "3", "l_diversity_min": "1"}]),
         "scale_basis": ("/audit/scale_basis?basis=bounds", [{"release_id": "R2", "noise_scale": "public bounds"}]),
+        "scale_basis-dp": ("/audit/scale_basis?basis=any",
+                           [{"release_id": r, "noise_scale": scale} for r, scale in
+                            [("R1", DIAMETER), ("R2", "public bounds"), ("R3", DIAMETER), ("R3", DIAMETER),
+                             ("R4", DIAMETER), ("R6", "none: DP mode (nothing noised; sampling and safe k-anonymisation)"),
+                             ("R5", "not recorded")]]),
         "unseals": ("/audit/unseals",
                     [{"release_id": "R3", "actor": "kepsilon-flow", "commitment_verified": "yes"}]),
         "advice": ("/audit/advice?population=adult", [{"population_id": "adult", "actor": "erin", "via": "cli"}]),

@@ -243,6 +243,63 @@ def test_failure_reason_is_one_line_and_names_unlisted_failed_checks():
     assert len(failure_reason({"failure": "y" * 5000}, "failed")) == 1000
 
 
+def _old_cap(db, cap: float) -> None:
+    """A cap entry of population 'pop' as the ledger wrote it before δ (migration 0005)."""
+    from kepsilon.audit.store import append, ensure_population, write_transaction
+
+    with write_transaction(db) as conn:
+        ensure_population(conn, "pop", "alice")
+        append(conn, "ledger", {"population_id": "pop", "kind": "cap", "nano_epsilon": int(cap * 1e9),
+                                "actor": "alice", "reason": "initial", "created_at": "t0"})
+
+
+def _old_reservation(db, epsilon: float, key: str, release_id: str) -> int:
+    """A reservation entry as the ledger wrote it before δ (migration 0005); returns its id."""
+    from kepsilon.audit.store import append, write_transaction
+
+    with write_transaction(db) as conn:
+        return append(conn, "ledger", {"population_id": "pop", "kind": "reserve", "nano_epsilon": int(epsilon * 1e9),
+                                       "idempotency_key": key, "release_id": release_id, "actor": "bob",
+                                       "created_at": "t1"})
+
+
+def test_a_store_from_before_delta_migrates_and_its_chain_covers_delta(tmp_path):
+    import sqlite3
+
+    import sqlite_utils
+
+    from kepsilon.audit.ledger import budget
+    from kepsilon.audit.store import migrations
+
+    path = tmp_path / "old.db"
+    old = sqlite_utils.Database(sqlite3.connect(str(path)))
+    old.enable_wal()
+    migrations.apply(old, stop_before="0005_ledger_delta")
+    assert "atto_delta" not in old["ledger"].columns_dict
+    _old_cap(old, 2.0)
+    _old_reservation(old, 0.5, "key-old", "rel-old")
+    old.close()
+
+    db = open_store(path)
+    assert "atto_delta" in db["ledger"].columns_dict
+    assert verify_chain(db) == (True, [])  # rows chained before the migration keep their hash
+    set_cap(db, "pop", 2.0, "alice", "δ cap added", delta=1e-5)
+    dp = reserve(db, population_id="pop", epsilon=0.5, idempotency_key="key-dp", release_id="rel-dp", operator="bob",
+                 delta=4e-6)
+    mark_noise_drawn(db, dp.id)
+    assert verify_chain(db) == (True, [])
+    state = budget(db, "pop")
+    # The old reservation is the method's own mode: counted against the ε cap, never in the DP total.
+    assert (state["in_use"], state["dp_epsilon"], state["kepsilon_epsilon"]) == (10**9, 5 * 10**8, 5 * 10**8)
+    assert (state["dp_delta"], state["delta_cap"]) == (4 * 10**12, 10**13)
+    # Once set, δ is covered by the chain like any other column: lowering it is caught.
+    _drop_triggers(db)
+    db.execute("UPDATE ledger SET atto_delta = 1 WHERE id = ?", (dp.id,))
+    ok, problems = verify_chain(db)
+    assert not ok and any(f"ledger#{dp.id} does not match its hash" in p for p in problems)
+    db.close()
+
+
 def test_a_store_from_before_failure_reason_migrates_and_its_chain_still_verifies(tmp_path):
     import sqlite3
 
@@ -256,11 +313,11 @@ def test_a_store_from_before_failure_reason_migrates_and_its_chain_still_verifie
     old.enable_wal()
     migrations.apply(old, stop_before="0002_release_failure_reason")
     assert "failure_reason" not in old["releases"].columns_dict
-    set_cap(old, "pop", 2.0, "alice", "initial")
-    reservation = reserve(old, population_id="pop", epsilon=1.0, idempotency_key="key-1", release_id="rel-1", operator="bob")
+    _old_cap(old, 2.0)
+    reservation_id = _old_reservation(old, 1.0, "key-1", "rel-1")
     manifest = {**_manifest(), "failure": "release checks failed: k_anonymity"}
     with write_transaction(old) as conn:  # a failed record as the code before this migration wrote it
-        append(conn, "releases", {"release_id": "rel-1", "outcome": "failed", "reservation_id": reservation.id,
+        append(conn, "releases", {"release_id": "rel-1", "outcome": "failed", "reservation_id": reservation_id,
                                   "rows_published": 97, "manifest": json.dumps(manifest), "recorded_at": "t"})
     old.close()
 
@@ -291,7 +348,7 @@ def test_a_store_from_before_advice_events_migrates_verifies_and_chains_advice(t
     old.enable_wal()
     migrations.apply(old, stop_before="0003_advice_events")
     assert "advice_events" not in old.table_names()
-    set_cap(old, "pop", 2.0, "alice", "initial")
+    _old_cap(old, 2.0)
     old.close()
 
     db = open_store(path)
@@ -328,3 +385,24 @@ def test_fast_row_content_is_byte_identical_to_canonical_json(seed):
         assert encoder.content(row) == canonical_json({"table": "some_table", "row": dict(zip(columns, row))})
     nan = RowEncoder("t", ["x"]).content((float("nan"),))
     assert nan == canonical_json({"table": "t", "row": {"x": float("nan")}})
+
+
+@pytest.mark.parametrize("seed", range(3))
+def test_fast_row_content_with_later_columns_matches_the_general_rule(seed):
+    """A table with later columns: left out while NULL, covered once set, mixed rows included."""
+    import random
+
+    from kepsilon.audit.store import LATER_COLUMNS, RowEncoder, canonical_json
+
+    rng = random.Random(seed)
+    columns = ["id", "population_id", "nano_epsilon", "atto_delta", "reason"]
+    assert LATER_COLUMNS["ledger"] == {"atto_delta"}
+    encoder = RowEncoder("ledger", columns)
+    for _ in range(200):
+        row = (rng.randrange(100), "pop", rng.randrange(10**9), rng.choice([None, 1, 10**18 - 1]), rng.choice([None, "x"]))
+        expected = {c: v for c, v in zip(columns, row) if not (c == "atto_delta" and v is None)}
+        assert encoder.content(row) == canonical_json({"table": "ledger", "row": expected})
+    mixed = RowEncoder("releases", ["id", "failure_reason", "delta"])
+    for row in [(1, None, None), (2, "boom", None), (3, None, 1e-6), (4, "boom", 1e-6)]:
+        expected = {c: v for c, v in zip(["id", "failure_reason", "delta"], row) if c == "id" or v is not None}
+        assert mixed.content(row) == canonical_json({"table": "releases", "row": expected})

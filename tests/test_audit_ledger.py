@@ -229,3 +229,89 @@ def test_processes_opening_a_fresh_store_together_apply_the_schema_once(tmp_path
     migrations = reference.execute("SELECT COUNT(*) FROM _sqlite_migrations").fetchone()[0]
     reference.close()
     assert migrations >= 2 and counts == [(migrations, migrations)] * PROCESSES
+
+
+# --- δ beside ε: the DP mode's releases -------------------------------------------------------------
+
+
+def _reserve_dp(db, key, epsilon=0.1, delta=1e-6, population="pop"):
+    return reserve(db, population_id=population, epsilon=epsilon, idempotency_key=key, release_id="rel", operator="op",
+                   delta=delta)
+
+
+def test_dp_reservations_record_delta_and_compose_by_sums(db):
+    set_cap(db, "pop", 1, "alice", "initial", delta=1e-5)
+    first = _reserve_dp(db, "a", epsilon=0.3, delta=2e-6)
+    _reserve_dp(db, "b", epsilon=0.2, delta=3e-6)
+    assert (first.delta, first.atto_delta) == (2e-6, 2 * 10**12)
+    assert db.execute("SELECT atto_delta FROM ledger WHERE id = ?", (first.id,)).fetchone()[0] == 2 * 10**12
+    state = budget(db, "pop")
+    assert (state["dp_epsilon"], state["dp_delta"]) == (5 * 10**8, 5 * 10**12)  # basic composition: sums
+    assert (state["delta_cap"], state["delta_remaining"]) == (10**13, 5 * 10**12)
+
+
+def test_the_dp_total_never_includes_the_method_s_own_mode(db):
+    set_cap(db, "pop", 1, "alice", "initial", delta=1e-5)
+    mark_noise_drawn(db, _reserve(db, "kepsilon-mode", epsilon=0.4).id)
+    _reserve_dp(db, "dp", epsilon=0.1, delta=1e-6)
+    state = budget(db, "pop")
+    assert state["in_use"] == 5 * 10**8  # the ε cap counts both
+    assert (state["dp_epsilon"], state["kepsilon_epsilon"]) == (10**8, 4 * 10**8)
+    assert state["dp_delta"] == 10**12
+
+
+def test_a_delta_cap_refuses_before_anything_is_reserved(db):
+    set_cap(db, "pop", 10, "alice", "initial", delta=2e-6)
+    _reserve_dp(db, "a", delta=1.5e-6)
+    with pytest.raises(BudgetExceeded, match="δ=1e-06 exceeds the remaining δ=5e-07 under its lifetime δ cap"):
+        _reserve_dp(db, "b", delta=1e-6)
+    assert db.execute("SELECT COUNT(*) FROM ledger WHERE kind = 'reserve'").fetchone()[0] == 1
+    _reserve(db, "kepsilon-mode")  # the method's own mode has no δ: the δ cap does not stop it
+
+
+def test_without_a_delta_cap_the_dp_total_stays_below_one(db):
+    set_cap(db, "pop", 10, "alice", "initial")
+    _reserve_dp(db, "a", delta=0.6)
+    with pytest.raises(BudgetExceeded, match="δ < 1"):
+        _reserve_dp(db, "b", delta=0.4)
+
+
+def test_changing_the_epsilon_cap_keeps_the_delta_cap(db):
+    set_cap(db, "pop", 1, "alice", "initial", delta=1e-6)
+    set_cap(db, "pop", 2, "alice", "more ε")
+    assert budget(db, "pop")["delta_cap"] == 10**12
+    set_cap(db, "pop", 2, "alice", "more δ", delta=1e-5)
+    assert budget(db, "pop")["delta_cap"] == 10**13
+
+
+def test_same_key_with_another_delta_is_a_conflict_and_a_rerun_reuses_it(db):
+    set_cap(db, "pop", 1, "alice", "initial")
+    first = _reserve_dp(db, "k", delta=1e-6)
+    assert _reserve_dp(db, "k", delta=1e-6).id == first.id
+    with pytest.raises(IdempotencyConflict, match="another δ"):
+        _reserve_dp(db, "k", delta=2e-6)
+    with pytest.raises(IdempotencyConflict):
+        _reserve(db, "k")  # the same key without δ is another release too
+
+
+def test_a_redraw_charges_delta_again_and_a_void_returns_it(db):
+    set_cap(db, "pop", 1, "alice", "initial", delta=2.5e-6)
+    drawn = _reserve_dp(db, "a", delta=1e-6)
+    mark_noise_drawn(db, drawn.id)
+    mark_noise_drawn(db, drawn.id, redraw=True)
+    assert budget(db, "pop")["dp_delta"] == 2 * 10**12
+    with pytest.raises(BudgetExceeded, match="δ cap"):
+        mark_noise_drawn(db, drawn.id, redraw=True)
+    voided = _reserve_dp(db, "b", delta=0.5e-6)
+    assert budget(db, "pop")["delta_remaining"] == 0
+    void(db, voided.id, "refused before noise")
+    assert budget(db, "pop")["dp_delta"] == 2 * 10**12
+    assert verify_chain(db) == (True, [])
+
+
+def test_delta_is_rounded_up_when_charged_and_down_when_capped(db):
+    set_cap(db, "pop", 1, "alice", "initial", delta="1.0000000000000000009e-6")
+    assert budget(db, "pop")["delta_cap"] == 10**12
+    assert _reserve_dp(db, "tiny", delta=1e-30).atto_delta == 1  # below the unit: charged one unit
+    with pytest.raises(SpecError, match="delta"):
+        _reserve_dp(db, "zero", delta=0)
