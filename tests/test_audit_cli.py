@@ -118,7 +118,10 @@ def test_q1_budget_lifetime_last_12_months_and_remaining(store_path):
     # spends: R1 0.5 (2024), R2 0.25, R3 0.5, R4 0.25 + re-draw 0.25, R7 0.1; R6 voided; R5 refused.
     assert rows(store_path, "budget", "adult") == [{
         "population_id": "adult", "cap": 2.0, "spent_lifetime": 1.85, "spent_last_12_months": 1.35,
-        "reserved_not_spent": 0.0, "remaining": 0.15, "cap_entries": 2,
+        "reserved_not_spent": 0.0, "remaining": 0.15,
+        # No DP-mode release: the DP total is empty and every ε is the method's own mode's.
+        "dp_epsilon": 0.0, "dp_delta": 0.0, "kepsilon_mode_epsilon": 1.85, "delta_cap": None, "delta_remaining": None,
+        "cap_entries": 2,
     }]
     db = open_store(store_path)
     assert budget(db, "adult")["remaining"] == 150_000_000
@@ -222,6 +225,20 @@ def test_set_cap_and_approve_commands_write_attributed_entries(writable):
     assert [r["approver"] for r in rows(writable, "who", "R4")] == ["carol"]
     bad = audit(writable, "approve", "R4", "--spec-hash", "nothex", "--by", "carol", "--reason", "ok")
     assert bad.exit_code == 2 and "spec_hash" in bad.output
+
+
+def test_set_cap_with_delta_caps_the_dp_total_and_a_later_epsilon_cap_keeps_it(writable):
+    result = audit(writable, "set-cap", "adult", "3", "--delta", "1e-5", "--by", "alice", "--reason", "DP releases")
+    assert result.exit_code == 0 and "δ=1e-05" in result.output
+    db = open_store(writable)
+    reserve(db, population_id="adult", epsilon=0.5, idempotency_key="dp-1", release_id="DP1", operator="bob", delta=4e-6)
+    db.close()
+    answer = rows(writable, "budget", "adult")[0]
+    assert (answer["dp_epsilon"], answer["dp_delta"], answer["kepsilon_mode_epsilon"]) == (0.5, 4e-06, 1.85)
+    assert (answer["delta_cap"], answer["delta_remaining"]) == (1e-05, 6e-06)
+    again = audit(writable, "set-cap", "adult", "4", "--by", "alice", "--reason", "more ε only")
+    assert again.exit_code == 0 and "δ=1e-05" in again.output
+    assert rows(writable, "budget", "adult")[0]["delta_cap"] == 1e-05
 
 
 def test_unseal_writes_the_seed_to_a_file_not_stdout(writable, tmp_path):
