@@ -16,6 +16,7 @@ import yaml
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
 from pydantic.json_schema import SkipJsonSchema
 
+from kepsilon.engine.dp import minimum_epsilon, safe_k_delta, sampling_rate_for, smallest_k
 from kepsilon.tasks.errors import SpecError
 from kepsilon.engine.hierarchy_builders import HierarchyBuilder
 
@@ -89,7 +90,11 @@ class KQuasi(BaseModel):
 
 
 class EQuasi(BaseModel):
-    """A numeric quasi-identifier that is kept but perturbed with Laplace noise per equivalence class."""
+    """A numeric quasi-identifier that is kept but perturbed with Laplace noise per equivalence class.
+
+    In the DP mode (``privacy_model: dp``) it is generalised through its public ``hierarchy`` instead
+    of noised, and its bounds and ε share do not apply.
+    """
 
     model_config = _STRICT
 
@@ -103,9 +108,15 @@ class EQuasi(BaseModel):
         default=None, description="relative share of the record's ε; equal shares if empty"
     )
     acknowledge_identifier: list[IdentifierReason] = _ACKNOWLEDGE
+    hierarchy: str | HierarchyBuilder | SkipJsonSchema[None] = Field(
+        default=None,
+        description="privacy_model dp only: the public hierarchy (file or builder) the column is generalised through",
+    )
 
     @model_validator(mode="after")
     def _bounds_ordered(self):
+        if self.hierarchy is not None and self.lower is None and self.upper is None:
+            return self  # the DP mode's generalised ε-quasi; ReleaseSpec checks the mode
         # Public bounds set the plausibility range and the public snapping grid in both scale bases.
         if self.lower is None or self.upper is None:
             raise ValueError(f"ε-quasi {self.column!r}: needs public lower and upper bounds")
@@ -234,6 +245,53 @@ class Roles(BaseModel):
         return self
 
 
+class DPSearch(BaseModel):
+    """The differentially private choice of the node (SafePub's idea): the exponential mechanism, on
+    the full data before sampling, scores nodes by granularity."""
+
+    model_config = _STRICT
+
+    epsilon: float = Field(gt=0, description="ε_search: the part of the release's ε the search spends, split equally over its draws")
+    strategy: Literal["exhaustive", "walk"] = Field(
+        default="exhaustive",
+        description="exhaustive: one draw among every node of the lattice (up to 100,000 nodes); "
+        "walk: SafePub's walk from the top, `steps` draws among a node and its specialisations, then one among the nodes visited",
+    )
+    steps: Annotated[int, Field(ge=1)] | SkipJsonSchema[None] = Field(
+        default=None, description="walk only: its steps (steps + 1 draws of ε_search/(steps + 1)); default: half the lattice's height"
+    )
+
+    @model_validator(mode="after")
+    def _steps_for_the_walk(self):
+        if self.steps is not None and self.strategy != "walk":
+            raise ValueError("steps applies to strategy walk only")
+        return self
+
+
+class DPSettings(BaseModel):
+    """The parameters of the DP mode: sampling, the node (fixed or searched), and the δ allowed."""
+
+    model_config = _STRICT
+
+    max_delta: float = Field(gt=0, lt=1, description="largest δ the release may have; refused before any ε if δ(k, β, ε_anon) is above it")
+    beta: Annotated[float, Field(gt=0, lt=1)] | SkipJsonSchema[None] = Field(
+        default=None, description="sampling probability β; default 1 − e^(−ε_anon), the largest the theorem admits (SafePub)"
+    )
+    node: dict[str, Annotated[int, Field(ge=0)]] | SkipJsonSchema[None] = Field(
+        default=None, description="a fixed full-domain node: the hierarchy level of every k-quasi and ε-quasi, chosen without looking at the data"
+    )
+    search: DPSearch | SkipJsonSchema[None] = Field(default=None, description="or: choose the node with the DP search")
+    sensitive_levels: dict[str, Annotated[int, Field(ge=0)]] = Field(
+        default={}, description="hierarchy level a sensitive column is released at (default 0, its values as read)"
+    )
+
+    @model_validator(mode="after")
+    def _one_way_to_the_node(self):
+        if (self.node is None) == (self.search is None):
+            raise ValueError("give either `node` (fixed) or `search` (DP search), not both and not neither")
+        return self
+
+
 class ReleaseSpec(BaseModel):
     """Everything that defines one governed (k,ε)-anonymised release."""
 
@@ -250,7 +308,12 @@ class ReleaseSpec(BaseModel):
     source: SourceSpec
     roles: Roles
     k: int = Field(ge=2, description="minimum equivalence-class size")
-    epsilon: float = Field(gt=0, description="ε per record, split across the ε-quasis")
+    epsilon: float = Field(gt=0, description="ε per record, split across the ε-quasis (dp: the release's total ε)")
+    privacy_model: Literal["kepsilon", "dp"] = Field(
+        default="kepsilon",
+        description="kepsilon: the method's (k,ε)-anonymity; dp: (ε,δ)-differential privacy by sampling and safe k-anonymisation",
+    )
+    dp: DPSettings | SkipJsonSchema[None] = Field(default=None, description="parameters of privacy_model dp")
     algorithm: Literal["mondrian", "ola"] = "mondrian"
     ola_metric: Literal["precision", "loss", "discernibility", "dm_star"] = Field(
         default="precision",
@@ -298,8 +361,37 @@ class ReleaseSpec(BaseModel):
             raise ValueError("ε must be finite")
         return value
 
+    @model_validator(mode="after")
+    def _privacy_model_parameters(self):
+        # Raised as SpecError (not ValueError) so that the error names the nested parameter.
+        if self.privacy_model == "dp":
+            check_dp_parameters(self)
+        else:
+            check_kepsilon_parameters(self)
+        return self
+
+    def generalised_columns(self) -> list[str]:
+        """DP mode: the columns generalised at the node, k-quasis then ε-quasis (the node's order)."""
+        return [q.column for q in self.roles.k_quasi] + [q.column for q in self.roles.e_quasi]
+
+    def dp_epsilons(self) -> tuple[float, float]:
+        """DP mode: (ε_search, ε_anon), the search's share and the anonymisation's; they sum to ε."""
+        search = self.dp.search.epsilon if self.dp.search is not None else 0.0
+        return search, self.epsilon - search
+
+    def dp_beta(self) -> float:
+        """DP mode: the sampling probability β, given or 1 − e^(−ε_anon)."""
+        return self.dp.beta if self.dp.beta is not None else sampling_rate_for(self.dp_epsilons()[1])
+
+    def dp_delta(self) -> float:
+        """DP mode: the release's δ = d(k, β, ε_anon) (Li, Qardaji and Su)."""
+        return safe_k_delta(self.k, self.dp_beta(), self.dp_epsilons()[1])
+
     def epsilon_split(self) -> dict[str, float]:
-        """ε per ε-quasi: the record's ε divided by the declared shares (equal by default)."""
+        """ε per ε-quasi: the record's ε divided by the declared shares (equal by default); none in the
+        DP mode, where nothing is noised (its split is ``dp_epsilons``)."""
+        if self.privacy_model == "dp":
+            return {}
         shares = [q.epsilon_share or 1.0 for q in self.roles.e_quasi]
         total = sum(shares)
         return {q.column: self.epsilon * share / total for q, share in zip(self.roles.e_quasi, shares)}
@@ -310,7 +402,7 @@ class ReleaseSpec(BaseModel):
         The operator and the output folder are left out: a rerun by another operator, or into a
         corrected output folder, is the same logical release (one spend, one noise draw).
         """
-        content = self.model_dump(mode="json", exclude={"operator", "output_dir"})
+        content = _without_new_defaults(self.model_dump(mode="json", exclude={"operator", "output_dir"}))
         canonical = json.dumps(content, sort_keys=True, separators=(",", ":"))
         return hashlib.sha256(canonical.encode()).hexdigest()
 
@@ -327,6 +419,130 @@ class ReleaseSpec(BaseModel):
         """
         safe = "".join(c if c.isalnum() or c in "._-" else "-" for c in run_name).strip("-.") or "run"
         return self.for_date(day).model_copy(update={"release_id": self.release_id.replace("{date}", day).replace("{run}", safe)})
+
+
+def _without_new_defaults(content: dict) -> dict:
+    """The spec's JSON without the DP mode's fields where they hold their defaults.
+
+    They were added after releases had been approved and recorded under their spec hash: leaving
+    them out while unused keeps every existing spec's hash, hence its approvals and idempotency keys.
+    """
+    if content.get("privacy_model") == "kepsilon":
+        del content["privacy_model"]
+    if content.get("dp") is None:
+        content.pop("dp", None)
+    for quasi in content["roles"]["e_quasi"]:
+        if quasi.get("hierarchy") is None:
+            quasi.pop("hierarchy", None)
+    return content
+
+
+# Parameters of the method's own mode that mean nothing in the DP mode, with their defaults: a spec
+# that changes one is refused rather than silently ignored.
+_NOT_IN_DP = {
+    "algorithm": ("mondrian", "the node is fixed in the spec or chosen by the DP search"),
+    "ola_metric": ("precision", "the DP search scores nodes by granularity"),
+    "scale_basis": ("diameter", "nothing is noised: every column is generalised"),
+    "confidence": (0.99, "there is no confidence suppression (it reads true values)"),
+    "suppression_budget": (0.05, "groups below k are suppressed whatever their number (a budget would depend on the data)"),
+    "max_linking_risk": (0.10, "no ε-quasi is noised, so there is no noisy value to link"),
+}
+
+
+def check_kepsilon_parameters(spec: "ReleaseSpec") -> None:
+    """The method's own mode: no DP parameters, every ε-quasi noised within its public bounds."""
+    if spec.dp is not None:
+        raise SpecError("dp", "applies to privacy_model dp only")
+    for quasi in spec.roles.e_quasi:
+        if quasi.hierarchy is not None:
+            raise SpecError(
+                f"roles.e_quasi.{quasi.column}.hierarchy",
+                "applies to privacy_model dp only; here an ε-quasi is noised within its public bounds",
+            )
+
+
+def check_dp_parameters(spec: "ReleaseSpec") -> None:
+    """Refuse a DP-mode spec the theorem does not cover, naming the parameter, before anything runs."""
+    if spec.dp is None:
+        raise SpecError("dp", "privacy_model dp needs its parameters: max_delta, and a fixed node or a search")
+    for name, (default, why) in _NOT_IN_DP.items():
+        if getattr(spec, name) != default:
+            raise SpecError(name, f"does not apply to privacy_model dp: {why}")
+    if spec.publish_statistics:
+        raise SpecError("publish_statistics", "privacy_model dp publishes no statistic computed from the private data")
+    _check_dp_roles(spec)
+    _check_dp_levels(spec)
+    _check_dp_budget(spec)
+
+
+def _check_dp_roles(spec: "ReleaseSpec") -> None:
+    """ε-quasis generalised through a hierarchy; no sensitive criterion (each group holds one value)."""
+    for quasi in spec.roles.e_quasi:
+        where = f"roles.e_quasi.{quasi.column}"
+        if quasi.hierarchy is None:
+            raise SpecError(where, "privacy_model dp generalises an ε-quasi through a public `hierarchy` (a file or a builder)")
+        if quasi.lower is not None or quasi.upper is not None or quasi.epsilon_share is not None or quasi.out_of_bounds != "refuse":
+            raise SpecError(where, "lower, upper, out_of_bounds and epsilon_share apply to the noise of privacy_model kepsilon only")
+    for entry in spec.roles.sensitive:
+        if not isinstance(entry, str) and (entry.l_diversity is not None or entry.t_closeness is not None):
+            raise SpecError(
+                f"roles.sensitive.{entry.column}",
+                "ℓ-diversity and t-closeness do not apply to privacy_model dp: every released column is part of "
+                "the group key, so each published group holds a single value of it",
+            )
+
+
+def _check_dp_levels(spec: "ReleaseSpec") -> None:
+    """A fixed node names every generalised column; a sensitive level above 0 needs a hierarchy.
+
+    Levels are checked against the hierarchies' heights when they are loaded, still before any ε.
+    """
+    generalised = spec.generalised_columns()
+    if spec.dp.node is not None:
+        unknown = [column for column in spec.dp.node if column not in generalised]
+        missing = [column for column in generalised if column not in spec.dp.node]
+        if unknown:
+            raise SpecError(f"dp.node.{unknown[0]}", "is not a k-quasi or ε-quasi column")
+        if missing:
+            raise SpecError(f"dp.node.{missing[0]}", "needs a level: a fixed node gives one to every k-quasi and ε-quasi")
+    sensitive = {entry if isinstance(entry, str) else entry.column: entry for entry in spec.roles.sensitive}
+    for column, level in spec.dp.sensitive_levels.items():
+        if column not in sensitive:
+            raise SpecError(f"dp.sensitive_levels.{column}", "is not a sensitive column")
+        entry = sensitive[column]
+        if level > 0 and (isinstance(entry, str) or not entry.hierarchy):
+            raise SpecError(
+                f"dp.sensitive_levels.{column}",
+                "a level above 0 needs the column's `hierarchy` in roles.sensitive (`{column, hierarchy}`)",
+            )
+
+
+def _check_dp_budget(spec: "ReleaseSpec") -> None:
+    """ε_search below ε, ε_anon ≥ −ln(1 − β), and δ(k, β, ε_anon) within max_delta."""
+    search, anonymisation = spec.dp_epsilons()
+    if anonymisation <= 0:
+        raise SpecError("dp.search.epsilon", "must be below the release's epsilon: the rest pays for the anonymisation")
+    beta = spec.dp_beta()
+    if anonymisation < minimum_epsilon(beta):
+        raise SpecError(
+            "dp.beta",
+            f"sampling at β = {beta:g} needs ε_anon ≥ −ln(1 − β) = {minimum_epsilon(beta):.4g}, and ε_anon = ε − ε_search "
+            f"is {anonymisation:.4g}: lower beta (or leave it out for 1 − e^(−ε_anon)) or raise epsilon",
+        )
+    delta = safe_k_delta(spec.k, beta, anonymisation)
+    if delta > spec.dp.max_delta:
+        raise SpecError(
+            "dp.max_delta",
+            f"δ(k = {spec.k}, β = {beta:.4g}, ε_anon = {anonymisation:.4g}) = {delta:.3g} is above max_delta = "
+            f"{spec.dp.max_delta:g}; {_k_hint(spec.dp.max_delta, beta, anonymisation)}",
+        )
+
+
+def _k_hint(max_delta: float, beta: float, epsilon: float) -> str:
+    try:
+        return f"the smallest k that meets it at this β and ε_anon is {smallest_k(max_delta, beta, epsilon)}"
+    except ValueError:
+        return "no k meets it at this β and ε_anon: raise epsilon or max_delta"
 
 
 def load_spec(path: str | Path, **overrides) -> ReleaseSpec:
@@ -380,7 +596,7 @@ def resolve_paths(spec: ReleaseSpec, base: Path) -> ReleaseSpec:
     data = spec.model_dump()
     data["source"]["path"] = absolute(data["source"]["path"])
     data["output_dir"] = absolute(data["output_dir"])
-    for quasi in data["roles"]["k_quasi"]:
+    for quasi in data["roles"]["k_quasi"] + data["roles"]["e_quasi"]:
         if isinstance(quasi["hierarchy"], str):
             quasi["hierarchy"] = absolute(quasi["hierarchy"])
     for entry in data["roles"]["sensitive"]:

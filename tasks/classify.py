@@ -12,7 +12,8 @@ cell) or a Parquet null. Then:
 * k-quasi: missing values are refused; every other value is its exact text (a typed Parquet value
   its ``data.csv`` text), matched against the hierarchy's leaves as text and generalised as text;
 * ε-quasi: missing values are refused; the values are parsed as numbers, strictly (``parse_numbers``),
-  and become float64 — the only column ever converted;
+  and become float64 — the only column ever converted (in the DP mode, ``privacy_model: dp``, an
+  ε-quasi is generalised through its hierarchy and treated as a k-quasi: text);
 * sensitive: published as read; a missing CSV cell becomes a null (an empty cell in data.csv, a null
   in data.parquet), a Parquet column keeps its type.
 """
@@ -239,15 +240,18 @@ def classify(frame: pd.DataFrame, spec: ReleaseSpec) -> ClassifiedTable:
     names = spec.roles.names()
     missing_texts = list(spec.source.missing) if _is_csv(spec) else None
     frame = frame.drop(columns=names["explicit"])
-    for column in [*names["k_quasi"], *names["sensitive"]]:
+    # The DP mode generalises its ε-quasis through a hierarchy, as text, like the k-quasis.
+    dp_mode = spec.privacy_model == "dp"
+    generalised = [*names["k_quasi"], *(names["e_quasi"] if dp_mode else [])]
+    for column in [*generalised, *names["sensitive"]]:
         reason = unpublishable_reason(frame[column].dtype)
         if reason:
             raise InputError(column, f"{reason}; release it in another type or remove it (role explicit)")
     check_identifiers(frame, spec.roles)
-    for column in names["k_quasi"]:
+    for column in generalised:
         check_k_quasi_values(frame, column, missing_values(frame[column], missing_texts))
         frame[column] = k_quasi_texts(frame[column])
-    for quasi in spec.roles.e_quasi:
+    for quasi in [] if dp_mode else spec.roles.e_quasi:
         absent = int(missing_values(frame[quasi.column], missing_texts).sum())
         if absent:
             raise InputError(quasi.column, f"ε-quasi values must be finite; {absent} record(s) are missing")
