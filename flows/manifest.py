@@ -58,7 +58,7 @@ def git_commit() -> str | None:
 
 def base_manifest(spec: ReleaseSpec, source_report: dict, key: str) -> dict:
     """The part of the manifest known before any stage runs: identity and parameters."""
-    return {
+    document = {
         "release_id": spec.release_id,
         "population_id": spec.population_id,
         "idempotency_key": key,
@@ -80,6 +80,46 @@ def base_manifest(spec: ReleaseSpec, source_report: dict, key: str) -> dict:
         "source": {"path": spec.source.path, **source_report},
         "rows_in": source_report["rows"],
         "software": software_versions(),
+        "privacy_model": spec.privacy_model,
+    }
+    if spec.privacy_model == "dp":
+        document.update(dp_parameters(spec))
+    return document
+
+
+DP_NEIGHBOURS = "data sets that differ by one record, added or removed"
+
+
+def dp_parameters(spec: ReleaseSpec) -> dict:
+    """The DP mode's entries of the manifest: its (ε, δ) and every parameter they follow from.
+
+    All are public parameters (from the spec and the theorem); none is computed from the data. The
+    node is added once known: the spec's, or the DP search's output (``dp.node``). Fields of the
+    method's own mode that mean nothing here are None.
+    """
+    epsilon_search, epsilon_anonymisation = spec.dp_epsilons()
+    return {
+        "algorithm": "dp-search" if spec.dp.search is not None else "fixed-node",
+        "scale_basis": None,
+        "mechanism": "bernoulli-sampling+safe-k-anonymisation"
+        + ("+exponential-mechanism" if spec.dp.search is not None else ""),
+        "neighbouring_relation": DP_NEIGHBOURS,
+        "confidence": None,
+        "suppression_budget": None,
+        "max_linking_risk": None,
+        "dp": {
+            "epsilon_search": epsilon_search,
+            "epsilon_anonymisation": epsilon_anonymisation,
+            "beta": spec.dp_beta(),
+            "beta_chosen_by": "spec" if spec.dp.beta is not None else "1 - exp(-epsilon_anonymisation)",
+            "delta": spec.dp_delta(),
+            "max_delta": spec.dp.max_delta,
+            "node": dict(spec.dp.node) if spec.dp.node is not None else None,
+            "node_chosen_by": "spec" if spec.dp.node is not None else "exponential mechanism (DP search)",
+            "search_strategy": spec.dp.search.strategy if spec.dp.search is not None else None,
+            "search_steps": None,
+            "sensitive_levels": dict(spec.dp.sensitive_levels),
+        },
     }
 
 
@@ -112,11 +152,29 @@ PUBLIC_FIELDS = {
         "sensitive_criteria": "*",
         "max_linking_risk": None,
         "max_prosecutor_risk": None,
+        # The DP mode's guarantee and its parameters: all public (spec, theorem), the node included —
+        # fixed in the spec, or the DP search's output, which the guarantee covers.
+        "privacy_model": None,
+        "neighbouring_relation": None,
+        "dp": {
+            "epsilon_search": None,
+            "epsilon_anonymisation": None,
+            "beta": None,
+            "beta_chosen_by": None,
+            "delta": None,
+            "max_delta": None,
+            "node": "*",
+            "node_chosen_by": None,
+            "search_strategy": None,
+            "search_steps": None,
+            "sensitive_levels": "*",
+        },
     },
     "roles": "*",
     "columns": "*",
     "hierarchies": "*",
     "guarantee": None,
+    # In the DP mode only "published" (a function of the output); "in" and "removed" would break the guarantee.
     "records": {"in": None, "removed": "*", "published": None},
     "groups": {"published": None, "smallest": None},
     "outputs": "*",
@@ -128,6 +186,10 @@ PUBLIC_FIELDS = {
 below (column names, file names, package names, stages); ``None`` is a leaf."""
 
 METHOD_NAME = "(k,ε)-anonymity (Holohan, Antonatos, Braghin, Mac Aonghusa 2017)"
+DP_METHOD_NAME = (
+    "(ε,δ)-differential privacy by sampling and safe k-anonymisation (Li, Qardaji, Su 2012), "
+    "node by the exponential mechanism (SafePub: Bild, Kuhn, Prasser 2018)"
+)
 
 
 class PrivateFieldInPublicManifest(ValueError):
@@ -148,16 +210,23 @@ def check_public_fields(document: dict, allowed=PUBLIC_FIELDS, where: str = "man
 
 
 def hierarchy_descriptions(spec: ReleaseSpec, hashes: dict) -> dict:
-    """Name and SHA-256 of each k-quasi's hierarchy: a file's name, or a builder's public definition."""
+    """Name and SHA-256 of each hierarchy a release used: a file's name, or a builder's public definition.
+
+    The k-quasis' always; in the DP mode also the ε-quasis' and those of sensitive columns released
+    above level 0 (``hashes`` names exactly the hierarchies used).
+    """
+    k_quasis = {quasi.column for quasi in spec.roles.k_quasi}
+    entries = [*spec.roles.k_quasi, *spec.roles.e_quasi, *(s for s in spec.roles.sensitive if not isinstance(s, str))]
     described = {}
-    for quasi in spec.roles.k_quasi:
-        if quasi.hierarchy is None:
+    for entry in entries:
+        hierarchy = entry.hierarchy
+        if hierarchy is None or (entry.column not in k_quasis and entry.column not in hashes):
             continue
-        if isinstance(quasi.hierarchy, str):
-            entry = {"file": Path(quasi.hierarchy).name}
+        if isinstance(hierarchy, str):
+            shown = {"file": Path(hierarchy).name}
         else:
-            entry = {"builder": quasi.hierarchy.model_dump(mode="json")}
-        described[quasi.column] = {**entry, "sha256": hashes.get(quasi.column)}
+            shown = {"builder": hierarchy.model_dump(mode="json")}
+        described[entry.column] = {**shown, "sha256": hashes.get(entry.column)}
     return described
 
 
@@ -169,6 +238,8 @@ def public_manifest(record: dict, spec: ReleaseSpec, grids: dict[str, float], gu
     Statistics the spec opts in through ``publish_statistics`` go under ``unprotected_statistics``; they are
     computed from the private data and are not protected by the method.
     """
+    if spec.privacy_model == "dp":
+        return dp_public_manifest(record, spec, guarantee)
     method = {
         "name": METHOD_NAME,
         "k": spec.k,
@@ -215,6 +286,43 @@ def public_manifest(record: dict, spec: ReleaseSpec, grids: dict[str, float], gu
     opted_in = _unprotected_statistics(record, spec.publish_statistics)
     if opted_in:
         document["unprotected_statistics"] = opted_in
+    check_public_fields(document)
+    return document
+
+
+def dp_public_manifest(record: dict, spec: ReleaseSpec, guarantee: str) -> dict:
+    """The DP mode's public manifest: its guarantee, its parameters, and only outputs of the mechanism.
+
+    Counts: the published records and groups, which are functions of the published table. Not the
+    records read, sampled or suppressed: they depend on the source (its size above all), which the
+    (ε, δ) guarantee does not cover, so they stay in the private record.
+    """
+    method = {
+        "name": DP_METHOD_NAME,
+        "privacy_model": "dp",
+        "k": spec.k,
+        "epsilon": spec.epsilon,
+        "dp": dict(record["dp"]),
+        "algorithm": record["algorithm"],
+        "mechanism": record["mechanism"],
+        "privacy_unit": "record",
+        "neighbouring_relation": DP_NEIGHBOURS,
+    }
+    if spec.max_prosecutor_risk is not None:
+        method["max_prosecutor_risk"] = spec.max_prosecutor_risk
+    document = {
+        "release_id": spec.release_id,
+        "population_id": spec.population_id,
+        "method": method,
+        "roles": spec.roles.names(),
+        "columns": {name: dict(entry) for name, entry in record["columns"].items()},
+        "hierarchies": hierarchy_descriptions(spec, record.get("hierarchies", {})),
+        "guarantee": guarantee,
+        "records": {"published": record["rows_published"]},
+        "groups": {"published": record["groups"]["published"], "smallest": record["groups"]["smallest"]},
+        "software": dict(record["software"]),
+        "checks": [{"name": c["name"], "success": bool(c["success"])} for c in record.get("checks", [])],
+    }
     check_public_fields(document)
     return document
 

@@ -1,8 +1,14 @@
-"""The ``governed-release`` flow: one (k,ε)-anonymised release, from spec to published files and audit record.
+"""The ``governed-release`` flow: one anonymised release, from spec to published files and audit record.
 
+The method's own mode (``privacy_model: kepsilon``, (k,ε)-anonymity):
 ingest → (verify the store; already published?) → classify → k-anonymise → check the output folder →
 certain-linking check → approve → reserve ε → perturb → suppress (confidence, then diversity) → label →
 validate → stage → record → rename into place
+
+The DP mode (``privacy_model: dp``, (ε,δ)-differential privacy; docs/dp-mode.md):
+ingest → (verify the store; already published?) → classify → plan (hierarchies, node levels) → check the
+output folder → approve → reserve (ε, δ) → sample, search and safe-k-anonymise from the sealed seed →
+validate (every released column in the group key) → stage → record → rename into place
 
 Nothing is published unless every check passes, and no ε is reserved until every check that does not
 need noise has passed: input, release id, output folder, approval, store. The files are staged under a
@@ -21,10 +27,16 @@ from prefect.runtime import flow_run
 
 from kepsilon.faults import fault_point
 from kepsilon.flows.manifest import base_manifest, idempotency_key, public_manifest, published_groups
-from kepsilon.flows.report import guarantee_statement, publish_figure_artifact, publish_report_artifacts
+from kepsilon.flows.report import (
+    dp_guarantee_statement,
+    guarantee_statement,
+    publish_figure_artifact,
+    publish_report_artifacts,
+)
 from kepsilon.flows.spec import ReleaseSpec
 from kepsilon.tasks.classify import classify_attributes
 from kepsilon.engine.criteria import disclosure_report
+from kepsilon.tasks.dp_release import draw_dp_release, plan_dp_release
 from kepsilon.tasks.errors import ReleaseFailed, SpecError, ValidationFailed, describe_failure
 from kepsilon.tasks.figures import RELEASE_CAPTIONS, private_report_dir, release_figures, write_figures
 from kepsilon.tasks.ingest import ingest_source
@@ -37,7 +49,7 @@ from kepsilon.tasks.preflight import check_output, find_published
 from kepsilon.tasks.publish import merge_and_shuffle, move_into_place, published_columns, stage_release
 from kepsilon.tasks.record import check_approval, record_outcome, reserve_epsilon, store_location, verify_store
 from kepsilon.tasks.suppress import suppress_linkable, suppress_undiverse
-from kepsilon.tasks.validate import check_release
+from kepsilon.tasks.validate import check_dp_release, check_release
 
 
 def _run_day() -> str:
@@ -75,22 +87,37 @@ def governed_release(spec: ReleaseSpec) -> dict:
     logger.info("release %s: %d records in", spec.release_id, source.rows)
 
     table = classify_attributes(source.frame, spec)
-    partition = k_anonymise_records(table.frame, spec)
-    record["anonymiser"] = partition.report
-    record["hierarchies"] = partition.report.get("hierarchies", {})
-    output_dir = check_output(spec.output_dir, spec.release_id, _estimate_basis(source, spec))
+    if spec.privacy_model == "dp":
+        # The DP mode's stage replaces k-anonymise, perturb and suppress; its plan refuses before ε.
+        dp_plan = plan_dp_release(table.frame, spec)
+        record["anonymiser"] = dp_plan.report()
+        record["hierarchies"] = dp_plan.hierarchy_hashes()
+        record["dp"]["search_steps"] = dp_plan.steps
+        output_dir = check_output(spec.output_dir, spec.release_id, _estimate_basis(source, spec))
 
-    _refuse_certain_linking(table, partition, spec)
+        def stages(reservation, record):
+            return _dp_check_stage(spec, key, table, dp_plan, reservation, store, record, output_dir)
+    else:
+        partition = k_anonymise_records(table.frame, spec)
+        record["anonymiser"] = partition.report
+        record["hierarchies"] = partition.report.get("hierarchies", {})
+        output_dir = check_output(spec.output_dir, spec.release_id, _estimate_basis(source, spec))
+        _refuse_certain_linking(table, partition, spec)
+
+        def stages(reservation, record):
+            return _perturb_check_stage(spec, key, table, partition, reservation, store, record, output_dir)
 
     approval = check_approval(spec, operator, store, record)
     record["approval"] = approval
     reservation = reserve_epsilon(spec, key, operator, store, record)
     record["budget"] = {"reservation_id": reservation.id, "epsilon_reserved": spec.epsilon, "reused": reservation.reused}
+    if reservation.delta is not None:
+        record["budget"]["delta_reserved"] = reservation.delta
     fault_point("after-reservation")
 
     record["private_figures"] = str(figures_dir)
     try:
-        record, publication, figure_inputs = _perturb_check_stage(spec, key, table, partition, reservation, store, record, output_dir)
+        record, publication, figure_inputs = stages(reservation, record)
         fault_point("before-audit-commit")
         record_outcome(record, "published", reservation.id, store)
     except BaseException as failure:  # noqa: B036 - ε is reserved: every failure, of any type, is recorded
@@ -98,7 +125,8 @@ def governed_release(spec: ReleaseSpec) -> dict:
     fault_point("after-audit-commit")
     _move_into_place(spec.release_id, publication)
     publish_report_artifacts(record)
-    _release_figures(spec, figure_inputs, figures_dir)
+    if figure_inputs is not None:
+        _release_figures(spec, figure_inputs, figures_dir)
     logger.info("release %s published: %d records", spec.release_id, record["rows_published"])
     return record
 
@@ -220,3 +248,37 @@ def _perturb_check_stage(spec, key, table, partition, reservation, store, record
     record["public_manifest"] = {**public, "outputs": dict(publication.outputs)}
     record["execution"]["finished_at"] = datetime.now(timezone.utc).isoformat()
     return record, publication, figure_inputs
+
+
+def _dp_check_stage(spec, key, table, dp_plan, reservation, store, record, output_dir) -> tuple[dict, object, None]:
+    """The DP mode's stages on reserved budget: sample, search and safe-k-anonymise, check, stage.
+
+    Returns the private record and the staged publication (no figures: they plot the noise of the
+    method's own mode). The gate groups on every released column, the groups the theorem speaks of.
+    """
+    outcome = draw_dp_release(table.frame, dp_plan, spec, key, reservation.id, store)
+    release = outcome.frame
+    record["seed_commitment"] = outcome.seed_commitment
+    record["anonymiser"] = {**record["anonymiser"], **outcome.report}
+    record["dp"]["node"] = outcome.node
+    record["rows_removed"] = {
+        "sampling": outcome.report["rows_in"] - outcome.report["rows_sampled"],
+        "safe_k_suppression": outcome.report["rows_suppressed"],
+    }
+    record["rows_published"] = outcome.report["rows_published"]
+    released_columns = [c for c in release.columns]
+    record["groups"] = published_groups(release, released_columns, record["rows_in"])
+    record["columns"] = published_columns(release, table.roles)
+
+    validation = check_dp_release(release, spec, outcome.report["rows_sampled"], outcome.report["rows_suppressed"])
+    record["checks"] = validation.checks
+    if not validation.success:
+        raise ValidationFailed(validation.failed_checks)
+
+    public = public_manifest(record, spec, {}, dp_guarantee_statement(spec.k, spec.epsilon, record["dp"]))
+    publication = stage_release(release, public, output_dir)
+    record.update(publication.report())
+    record["output_dir"] = str(publication.directory)
+    record["public_manifest"] = {**public, "outputs": dict(publication.outputs)}
+    record["execution"]["finished_at"] = datetime.now(timezone.utc).isoformat()
+    return record, publication, None

@@ -12,6 +12,8 @@ from kepsilon.tasks.figures import Figure, markdown_image
 
 def summary_rows(manifest: dict) -> list[dict]:
     """The figures a steward or officer looks at first, as (measure, value) rows."""
+    if manifest.get("privacy_model") == "dp":
+        return _dp_summary_rows(manifest)
     loss = manifest.get("information_loss", {})
     rows = [
         ("release", manifest["release_id"]),
@@ -32,6 +34,34 @@ def summary_rows(manifest: dict) -> list[dict]:
         ("relative error, predicted", _percent(loss.get("predicted"))),
         ("linking risk", _percent(manifest.get("linking_risk"))),
         ("homogeneous groups", manifest.get("disclosure", {}).get("homogeneous_groups")),
+        ("checks passed", f"{sum(c['success'] for c in manifest.get('checks', []))}/{len(manifest.get('checks', []))}"),
+        ("output", _shown_path(manifest.get("directory"))),
+    ]
+    return [{"measure": name, "value": "" if value is None else str(value)} for name, value in rows]
+
+
+def _dp_summary_rows(manifest: dict) -> list[dict]:
+    """The DP mode's summary: its (ε, δ) and parameters, then the private counts (steward only)."""
+    dp = manifest["dp"]
+    anonymised = manifest.get("anonymiser", {})
+    node = dp.get("node") or {}
+    rows = [
+        ("release", manifest["release_id"]),
+        ("population", manifest["population_id"]),
+        ("privacy model", "(ε, δ)-DP: sampling + safe k-anonymisation"),
+        ("k", manifest["k"]),
+        ("ε (search + anonymisation)", f"{manifest['epsilon']} ({dp['epsilon_search']:g} + {dp['epsilon_anonymisation']:g})"),
+        ("δ", f"{dp['delta']:.3g} (max {dp['max_delta']:g})"),
+        ("sampling β", f"{dp['beta']:.4g}"),
+        ("node", ", ".join(f"{column} {level}" for column, level in node.items())),
+        ("node chosen by", dp["node_chosen_by"]),
+        ("records in", manifest["rows_in"]),
+        ("records sampled", anonymised.get("rows_sampled")),
+        ("records suppressed (groups below k)", anonymised.get("rows_suppressed")),
+        ("records published", manifest.get("rows_published")),
+        ("published groups", manifest.get("groups", {}).get("published")),
+        ("smallest group", manifest.get("groups", {}).get("smallest")),
+        ("precision loss of the node", _percent(anonymised.get("precision_loss"))),
         ("checks passed", f"{sum(c['success'] for c in manifest.get('checks', []))}/{len(manifest.get('checks', []))}"),
         ("output", _shown_path(manifest.get("directory"))),
     ]
@@ -63,7 +93,12 @@ def markdown_report(manifest: dict) -> str:
     lines += [f"| {row['measure']} | {row['value']} |" for row in summary_rows(manifest)]
     lines += ["", "## Checks", ""]
     lines += [f"- {'✅' if c['success'] else '❌'} `{c['name']}`" for c in manifest.get("checks", [])]
-    lines += ["", "## Guarantee", "", guarantee_statement(manifest["scale_basis"])]
+    guarantee = (
+        dp_guarantee_statement(manifest["k"], manifest["epsilon"], manifest["dp"])
+        if manifest.get("privacy_model") == "dp"
+        else guarantee_statement(manifest["scale_basis"])
+    )
+    lines += ["", "## Guarantee", "", guarantee]
     return "\n".join(lines)
 
 
@@ -94,6 +129,29 @@ def guarantee_statement(scale_basis: str) -> str:
         "Sensitive attributes are published as they are: a group whose members share one sensitive value "
         "discloses it (homogeneity attack). Re-releasing the same people with a different partition allows "
         "intersection attacks."
+    )
+
+
+def dp_guarantee_statement(k: int, epsilon: float, dp: dict) -> str:
+    """What a DP-mode release guarantees, with its numbers, and what it does not cover (docs/dp-mode.md).
+
+    The same text goes into the public manifest and the report.
+    """
+    search = (
+        f"the node was chosen by the exponential mechanism on the full data (ε_search = {dp['epsilon_search']:g}), "
+        if dp["epsilon_search"] > 0
+        else "the node was fixed in the spec, without looking at the data, "
+    )
+    return (
+        f"({epsilon:g}, {dp['delta']:.3g})-differential privacy for each record, between data sets that differ by one "
+        f"record added or removed: {search}every record was sampled with probability β = {dp['beta']:.4g}, and every "
+        f"group of sampled records sharing all released labels was suppressed when smaller than k = {k} (Li, Qardaji "
+        f"and Su 2012: (ε_anon = {dp['epsilon_anonymisation']:g}, δ)-DP; sequential composition with the search). "
+        "Every released column is part of the group key and is published at a level of a public hierarchy, or as "
+        "read for a sensitive column at level 0; nothing is noised and no suppression reads a value beyond its "
+        "group's size. δ bounds the probability of outputs the ε bound does not hold for. Not covered: the schema "
+        "(column names, roles and types), the public hierarchies, and the decision to release at all; releases of "
+        "the same people compose: their ε and δ add up (the ledger's DP total)."
     )
 
 

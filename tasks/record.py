@@ -52,9 +52,10 @@ def verify_store(store: str) -> None:
 
 @task(name="reserve-epsilon", cache_policy=NO_CACHE, persist_result=False)
 def reserve_epsilon(spec: ReleaseSpec, key: str, operator: str, store: str, manifest: dict) -> Reservation:
-    """Reserve the release's ε against its population's cap before any noise is drawn.
+    """Reserve the release's ε — and in the DP mode its δ — against its population's caps before any
+    noise or sample is drawn.
 
-    Over the cap, the release is recorded as refused and stops here. A rerun of the same logical
+    Over a cap, the release is recorded as refused and stops here. A rerun of the same logical
     release (same idempotency key) gets its existing reservation back and spends nothing more.
     """
     db = open_store(store)
@@ -66,6 +67,7 @@ def reserve_epsilon(spec: ReleaseSpec, key: str, operator: str, store: str, mani
             idempotency_key=key,
             release_id=spec.release_id,
             operator=operator,
+            delta=spec.dp_delta() if spec.privacy_model == "dp" else None,
         )
     except BudgetExceeded as refusal:
         record_release(db, {**manifest, "refusal": str(refusal)}, outcome="refused", reservation_id=None)

@@ -10,7 +10,9 @@ Checks (a failed or raising expectation counts as a failed check — the gate fa
 
 - ``k_anonymous_groups``: grouping the published rows by the k-quasi columns gives no group smaller
   than k (custom `ExpectColumnGroupsToHaveAtLeastKRows`).
-- ``suppression_within_budget``: ``rows_removed / rows_in <= suppression_budget`` (data-free, plain).
+- ``suppression_within_budget``: ``rows_removed / rows_in <= suppression_budget`` (data-free, plain);
+  not run without a budget (``suppression_budget=None``, the DP mode: groups below k are suppressed
+  whatever their number).
 - ``no_explicit_identifiers``: no explicit-identifier column is present (custom
   `ExpectTableColumnsToExcludeSet`, compared case-insensitively).
 - ``e_quasi_numeric_finite:<col>``, one per ε-quasi: the column has an integer or float dtype and
@@ -301,7 +303,7 @@ def validate_release(
     k: int,
     rows_in: int,
     rows_removed: int,
-    suppression_budget: float,
+    suppression_budget: float | None,
     criteria: list | None = None,
     linking_risk: float | None = None,
     max_linking_risk: float | None = None,
@@ -323,10 +325,11 @@ def validate_release(
     expectations = _build_expectations(k_quasi, e_quasi, explicit, k, rows_in - rows_removed)
     expectations += _disclosure_expectations(k_quasi, criteria or [], max_prosecutor_risk)
     outcomes = _run_suite(published, expectations)
-    suppression_ok = suppression_within_budget(rows_in, rows_removed, suppression_budget)
     checks = [{"name": name, "success": bool(ok)} for name, ok in outcomes.items()]
-    # Report order follows the brief's numbering: k-anonymity first, then suppression.
-    checks.insert(1, {"name": SUPPRESSION_WITHIN_BUDGET, "success": bool(suppression_ok)})
+    if suppression_budget is not None:
+        suppression_ok = suppression_within_budget(rows_in, rows_removed, suppression_budget)
+        # Report order follows the brief's numbering: k-anonymity first, then suppression.
+        checks.insert(1, {"name": SUPPRESSION_WITHIN_BUDGET, "success": bool(suppression_ok)})
     if max_linking_risk is not None:
         risk_ok = linking_risk is not None and math.isfinite(linking_risk) and linking_risk <= max_linking_risk
         checks.append({"name": LINKING_RISK_WITHIN_LIMIT, "success": bool(risk_ok)})
@@ -349,11 +352,12 @@ def _check_parameters(published, k_quasi, e_quasi, explicit, k, rows_in, rows_re
         raise SpecError("k_quasi", "must name at least one column")
     if not _is_int(k) or k < 1:
         raise SpecError("k", "must be an integer >= 1")
-    if not _is_int(rows_in) or rows_in < 1:
+    # Without a budget (the DP mode) no ratio is taken, so an empty sample is a valid input.
+    if not _is_int(rows_in) or rows_in < (0 if suppression_budget is None else 1):
         raise SpecError("rows_in", "must be an integer >= 1")
     if not _is_int(rows_removed) or not 0 <= rows_removed <= rows_in:
         raise SpecError("rows_removed", "must be an integer between 0 and rows_in")
-    if (
+    if suppression_budget is not None and (
         isinstance(suppression_budget, bool)
         or not isinstance(suppression_budget, numbers.Real)
         or not math.isfinite(suppression_budget)
@@ -490,5 +494,28 @@ def check_release(
         criteria=criteria,
         linking_risk=linking_risk,
         max_linking_risk=spec.max_linking_risk,
+        max_prosecutor_risk=spec.max_prosecutor_risk,
+    )
+
+
+@task(name="validate-dp", cache_policy=NO_CACHE, persist_result=False)
+def check_dp_release(published: pd.DataFrame, spec, rows_sampled: int, rows_suppressed: int) -> ValidationReport:
+    """Prefect task: the release gate of the DP mode, the same suite with every released column as
+    the group key (so k is checked on exactly the groups the theorem speaks of) and no budget check.
+
+    Its checks read only the published table and the stage's own counts, so its verdict is a function
+    of the mechanism's output (post-processing): it cannot weaken the (ε, δ) guarantee.
+    """
+    roles = spec.roles.names()
+    released = roles["k_quasi"] + roles["e_quasi"] + roles["sensitive"]
+    return validate_release(
+        published,
+        k_quasi=released,
+        e_quasi=[],
+        explicit=roles["explicit"],
+        k=spec.k,
+        rows_in=rows_sampled,
+        rows_removed=rows_suppressed,
+        suppression_budget=None,
         max_prosecutor_risk=spec.max_prosecutor_risk,
     )
