@@ -1,0 +1,158 @@
+"""The DP mode's spec and plan: every parameter the theorem does not cover is refused by name before any
+ε is reserved, and the method's own mode is unchanged (its specs keep their hashes)."""
+
+import pandas as pd
+import pytest
+
+from kepsilon.engine.dp import safe_k_delta, sampling_rate_for, smallest_k
+from kepsilon.flows.spec import parse_spec
+from kepsilon.tasks.classify import classify
+from kepsilon.tasks.dp_release import dp_generators, mechanism, plan
+from kepsilon.tasks.errors import InputError, SpecError
+
+from .conftest import ADULT
+
+
+def dp_dict(**changes) -> dict:
+    spec = {
+        "release_id": "dp-release",
+        "population_id": "dp-population",
+        "source": {"path": str(ADULT / "adult.csv"), "delimiter": ";"},
+        "roles": {
+            "explicit": ["native-country", "workclass", "occupation"],
+            "k_quasi": [{"column": c, "hierarchy": str(ADULT / f"adult_hierarchy_{c}.csv")}
+                        for c in ["sex", "race", "marital-status", "education"]],
+            "e_quasi": [{"column": "age", "hierarchy": str(ADULT / "adult_hierarchy_age.csv")}],
+            "sensitive": ["salary-class"],
+        },
+        "privacy_model": "dp",
+        "k": 30,
+        "epsilon": 1.0,
+        "dp": {"max_delta": 0.002, "node": {"sex": 0, "race": 1, "marital-status": 1, "education": 2, "age": 2}},
+    }
+    spec.update(changes)
+    return spec
+
+
+def with_dp(**dp) -> dict:
+    return dp_dict(dp={**dp_dict()["dp"], **dp})
+
+
+def test_the_guarantee_s_parameters_follow_from_the_spec():
+    spec = parse_spec(with_dp(node=None, search={"epsilon": 0.2}))
+    assert spec.dp_epsilons() == (0.2, 0.8)
+    assert spec.dp_beta() == sampling_rate_for(0.8)
+    assert spec.dp_delta() == safe_k_delta(30, sampling_rate_for(0.8), 0.8)
+    assert spec.epsilon_split() == {}  # nothing is noised
+    given = parse_spec(with_dp(beta=0.3))
+    assert given.dp_beta() == 0.3 and given.dp_delta() == safe_k_delta(30, 0.3, 1.0)
+
+
+@pytest.mark.parametrize(
+    "changes, parameter, message",
+    [
+        (with_dp(node=None, search={"epsilon": 1.0}), "dp.search.epsilon", "below the release's epsilon"),
+        (with_dp(beta=0.7), "dp.beta", r"needs ε_anon ≥ −ln\(1 − β\) = 1.204"),
+        (with_dp(max_delta=1e-6), "dp.max_delta", f"the smallest k that meets it .* is {smallest_k(1e-6, sampling_rate_for(1.0), 1.0)}"),
+        (with_dp(node={"sex": 0, "race": 1, "marital-status": 1, "education": 2}), "dp.node.age", "needs a level"),
+        (with_dp(node={**dp_dict()["dp"]["node"], "salary-class": 0}), "dp.node.salary-class", "not a k-quasi or ε-quasi"),
+        (with_dp(sensitive_levels={"salary-class": 1}), "dp.sensitive_levels.salary-class", "needs the column's `hierarchy`"),
+        (with_dp(sensitive_levels={"sex": 0}), "dp.sensitive_levels.sex", "not a sensitive column"),
+        (dp_dict(algorithm="ola"), "algorithm", "does not apply to privacy_model dp"),
+        (dp_dict(suppression_budget=0.1), "suppression_budget", "whatever their number"),
+        (dp_dict(scale_basis="bounds"), "scale_basis", "nothing is noised"),
+        (dp_dict(confidence=0.9), "confidence", "confidence suppression"),
+        (dp_dict(max_linking_risk=0.2), "max_linking_risk", "does not apply"),
+        (dp_dict(publish_statistics=["linking_risk"]), "publish_statistics", "no statistic"),
+        (dp_dict(dp=None), "dp", "needs its parameters"),
+        (dp_dict(privacy_model="kepsilon"), "dp", "applies to privacy_model dp only"),
+    ],
+)
+def test_a_parameter_outside_the_theorem_is_refused_by_name(changes, parameter, message):
+    with pytest.raises(SpecError, match=message) as refused:
+        parse_spec(changes)
+    assert refused.value.parameter == parameter
+
+
+def test_roles_the_dp_mode_cannot_release_are_refused_by_name():
+    spec = dp_dict()
+    spec["roles"]["e_quasi"] = [{"column": "age", "lower": 17, "upper": 90}]
+    with pytest.raises(SpecError, match="'roles.e_quasi.age'.*public `hierarchy`"):
+        parse_spec(spec)
+    spec["roles"]["e_quasi"] = [{"column": "age", "lower": 17, "upper": 90, "hierarchy": str(ADULT / "adult_hierarchy_age.csv")}]
+    with pytest.raises(SpecError, match="'roles.e_quasi.age'.*noise of privacy_model kepsilon"):
+        parse_spec(spec)
+    spec = dp_dict()
+    spec["roles"]["sensitive"] = [{"column": "salary-class", "l_diversity": {"l": 2}}]
+    with pytest.raises(SpecError, match="'roles.sensitive.salary-class'.*single value"):
+        parse_spec(spec)
+    with pytest.raises(SpecError, match="node.*search.*not both"):
+        parse_spec(with_dp(search={"epsilon": 0.1}))
+    with pytest.raises(SpecError, match="steps applies to strategy walk only"):
+        parse_spec(with_dp(node=None, search={"epsilon": 0.1, "steps": 3}))
+
+
+def test_an_e_quasi_hierarchy_in_the_method_s_own_mode_is_refused(synthetic_spec_dict):
+    synthetic_spec_dict["roles"]["e_quasi"][0]["hierarchy"] = "HEIGHT.csv"
+    with pytest.raises(SpecError, match="'roles.e_quasi.HEIGHT.hierarchy': applies to privacy_model dp only"):
+        parse_spec(synthetic_spec_dict)
+
+
+def test_the_method_s_own_specs_keep_their_hash():
+    # Computed by the code before the DP mode existed: approvals and idempotency keys stay valid.
+    spec = {
+        "release_id": "pinned", "population_id": "pop",
+        "source": {"path": "/data/people.csv", "delimiter": ";"},
+        "roles": {"explicit": ["ID"], "k_quasi": [{"column": "YOB", "hierarchy": "/data/YOB.csv"}],
+                  "e_quasi": [{"column": "HEIGHT", "lower": 130, "upper": 210}], "sensitive": ["ICD"]},
+        "k": 10, "epsilon": 1.0,
+    }
+    assert parse_spec(spec).spec_hash() == "8f2724efe0aaeb671706ab86bffc72a1624273c40a65a2b355928357c5c0620e"
+    assert parse_spec(dp_dict()).spec_hash() != parse_spec(with_dp(max_delta=0.003)).spec_hash()
+
+
+@pytest.fixture(scope="module")
+def adult() -> pd.DataFrame:
+    return pd.read_csv(ADULT / "adult.csv", sep=";", dtype="string", keep_default_na=False)
+
+
+def test_the_plan_refuses_before_any_epsilon_what_the_hierarchies_forbid(adult):
+    spec = parse_spec(with_dp(node={"sex": 0, "race": 2, "marital-status": 1, "education": 2, "age": 2}))
+    table = classify(adult, spec)
+    with pytest.raises(SpecError, match=r"'dp.node.race': level 2 is outside its hierarchy's levels 0..1"):
+        plan(table.frame, spec)
+    searched = parse_spec(with_dp(node=None, search={"epsilon": 0.1}))
+    assert plan(table.frame, searched).report()["lattice_nodes"] == 2 * 2 * 3 * 4 * 5
+    walk = plan(table.frame, parse_spec(with_dp(node=None, search={"epsilon": 0.1, "strategy": "walk"})))
+    assert walk.steps == (1 + 1 + 2 + 3 + 4) // 2  # half the lattice's height
+    sensitive = dp_dict(dp={**dp_dict()["dp"], "sensitive_levels": {"salary-class": 1}})
+    sensitive["roles"]["sensitive"] = [{"column": "salary-class", "hierarchy": str(ADULT / "adult_hierarchy_salary-class.csv")}]
+    frame = adult.copy()
+    frame.loc[3, "salary-class"] = ""  # the empty cell is missing by default
+    with pytest.raises(InputError, match="'salary-class': has missing values"):
+        plan(classify(frame, parse_spec(sensitive)).frame, parse_spec(sensitive))
+
+
+def test_an_exhaustive_search_over_too_large_a_lattice_is_refused(adult, monkeypatch):
+    import kepsilon.tasks.dp_release as dp_release
+
+    monkeypatch.setattr(dp_release, "MAX_EXHAUSTIVE_NODES", 100)
+    spec = parse_spec(with_dp(node=None, search={"epsilon": 0.1}))
+    with pytest.raises(SpecError, match="'dp.search.strategy': the lattice has 240 nodes.*use strategy walk"):
+        plan(classify(adult, spec).frame, spec)
+
+
+def test_the_mechanism_generalises_every_column_and_draws_only_from_its_seed(adult):
+    spec = parse_spec(dp_dict(k=20, dp={**with_dp()["dp"], "max_delta": 0.02}))
+    table = classify(adult, spec).frame
+    assert table["age"].dtype == "string"  # the DP mode keeps its ε-quasi as text, for its hierarchy
+    dp_plan = plan(table, spec)
+    first, node, report = mechanism(table, dp_plan, spec, dp_generators(bytes(range(32))))
+    again, _, _ = mechanism(table, dp_plan, spec, dp_generators(bytes(range(32))))
+    other, _, _ = mechanism(table, dp_plan, spec, dp_generators(bytes(range(1, 33))))
+    assert first.equals(again) and not first.equals(other)
+    assert node == dp_dict()["dp"]["node"]
+    assert set(first["age"]) <= {"0-9", "10-19", "20-29", "30-39", "40-49", "50-59", "60-69", "70-79", "80-89", "90-99"}
+    assert report["rows_published"] == len(first) == report["rows_sampled"] - report["rows_suppressed"]
+    assert first.groupby(list(first.columns)).size().min() >= 20
+    assert abs(report["rows_sampled"] / len(table) - spec.dp_beta()) < 0.02
