@@ -14,11 +14,11 @@ from prefect import flow, get_run_logger, task
 from prefect.artifacts import create_markdown_artifact
 from prefect.cache_policies import NO_CACHE
 from prefect.runtime import flow_run
-from pydantic import BaseModel, ConfigDict, Field
+from pydantic import BaseModel, ConfigDict, Field, model_validator
 from pydantic.json_schema import SkipJsonSchema
 
 from kepsilon.flows.report import artifact_key, publish_figure_artifact
-from kepsilon.flows.spec import ReleaseSpec
+from kepsilon.flows.spec import ReleaseSpec, require_kepsilon_mode
 from kepsilon.tasks.advise import (
     DEFAULT_DRAWS,
     DEFAULT_EPSILON,
@@ -48,6 +48,11 @@ class AdviceRequest(BaseModel):
     max_linking_risk: Annotated[float, Field(gt=0, lt=1)] | SkipJsonSchema[None] = Field(
         default=None, description="answer: the smallest k whose linking risk is at most this"
     )
+
+    @model_validator(mode="after")
+    def _the_method_s_own_mode(self):
+        require_kepsilon_mode(self.spec, "the advisor")
+        return self
 
 
 @task(name="advise", cache_policy=NO_CACHE, persist_result=False)

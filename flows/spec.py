@@ -437,6 +437,16 @@ def _without_new_defaults(content: dict) -> dict:
     return content
 
 
+def require_kepsilon_mode(spec: "ReleaseSpec", what: str) -> None:
+    """Refuse a DP-mode spec where only the method's own mode makes sense (e.g. the noise advisor)."""
+    if spec.privacy_model == "dp":
+        raise SpecError(
+            "privacy_model",
+            f"{what} applies to privacy_model kepsilon (its noise and classes); a DP-mode release is set by k, ε "
+            "and δ alone (kepsilon.engine.dp.smallest_k gives the k for a δ)",
+        )
+
+
 # Parameters of the method's own mode that mean nothing in the DP mode, with their defaults: a spec
 # that changes one is refused rather than silently ignored.
 _NOT_IN_DP = {

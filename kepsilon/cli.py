@@ -245,7 +245,7 @@ def advise(
     import getpass
     import time
 
-    from kepsilon.flows.spec import load_spec
+    from kepsilon.flows.spec import load_spec, require_kepsilon_mode
     from kepsilon.tasks.advise import (
         DATA_DEPENDENCE,
         DEFAULT_EPSILON,
@@ -259,6 +259,7 @@ def advise(
     started = time.monotonic()
     try:
         spec = load_spec(spec_path, operator=operator)
+        require_kepsilon_mode(spec, "the advisor")
         run = advise_and_record(
             spec,
             operator=spec.operator or getpass.getuser(),

@@ -156,3 +156,18 @@ def test_the_mechanism_generalises_every_column_and_draws_only_from_its_seed(adu
     assert report["rows_published"] == len(first) == report["rows_sampled"] - report["rows_suppressed"]
     assert first.groupby(list(first.columns)).size().min() >= 20
     assert abs(report["rows_sampled"] / len(table) - spec.dp_beta()) < 0.02
+
+
+def test_the_noise_advisor_refuses_a_dp_spec_by_name(tmp_path):
+    from typer.testing import CliRunner
+
+    from kepsilon.cli import app
+    from kepsilon.flows.advise import AdviceRequest
+
+    from .conftest import ROOT
+
+    result = CliRunner().invoke(app, ["advise", str(ROOT / "releases" / "adult-dp.yaml"), "--db", str(tmp_path / "a.db")])
+    assert result.exit_code == 2 and "'privacy_model': the advisor applies to privacy_model kepsilon" in result.output
+    assert not (tmp_path / "a.db").exists()  # refused before the read is recorded
+    with pytest.raises(SpecError, match="privacy_model"):
+        AdviceRequest(spec=parse_spec(dp_dict()))
