@@ -12,7 +12,7 @@ export PREFECT_SERVER_EPHEMERAL_STARTUP_TIMEOUT_SECONDS := 120
 export GX_ANALYTICS_ENABLED := false
 export DO_NOT_TRACK := 1
 
-.PHONY: install demo test bench disclosure-cost serve deployment-check audit-ui audit-ui-check clean reliability paper
+.PHONY: install demo test bench disclosure-cost dp-adult serve deployment-check audit-ui audit-ui-check clean reliability paper
 
 install: $(VENV)/.installed
 
@@ -38,6 +38,10 @@ bench: install
 ## disclosure-cost: what ℓ = 2 and t = 0.2 on salary-class cost on UCI Adult (markdown table)
 disclosure-cost: install
 	$(BIN)/python -m benchmarks.disclosure_cost
+
+## dp-adult: the DP mode on UCI Adult at ε = 1, δ ≤ 1e-6, DP search against the best fixed node (markdown table)
+dp-adult: install
+	$(BIN)/python -m benchmarks.dp_adult
 
 ## serve: local Prefect server with its UI (http://127.0.0.1:4200), the deployments, and a worker
 serve: install
