@@ -574,6 +574,10 @@ class RowEncoder:
         self._without_later = self._compile([item for item in self._items if not item[2]])
         self._with_later = self._compile(self._items)
         self.content = self._by_later_columns
+        if len(self._later) == 1:  # the ledger's δ: one test per row, on the verification's hot path
+            (position,) = self._later
+            without, with_later = self._without_later, self._with_later
+            self.content = lambda values: without(values) if values[position] is None else with_later(values)
 
     def _compile(self, items) -> "Callable":
         template = '{"row":{' + ",".join(key.replace("%", "%%") + "%s" for key, _, _ in items)
