@@ -266,8 +266,7 @@ def _dp_check_stage(spec, key, table, dp_plan, reservation, store, record, outpu
         "safe_k_suppression": outcome.report["rows_suppressed"],
     }
     record["rows_published"] = outcome.report["rows_published"]
-    released_columns = [c for c in release.columns]
-    record["groups"] = published_groups(release, released_columns, record["rows_in"])
+    record["groups"] = published_groups(release, list(release.columns), record["rows_in"])
     record["columns"] = published_columns(release, table.roles)
 
     validation = check_dp_release(release, spec, outcome.report["rows_sampled"], outcome.report["rows_suppressed"])

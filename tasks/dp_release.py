@@ -15,8 +15,9 @@ generalised level) it refuses before ε is reserved. ``draw_dp_release`` is the 
 randomness: search, sampling and the published order each get their own stream of the sealed seed,
 so a rerun re-derives the same release byte for byte and spends nothing more.
 
-The figures in the plans' and outcome's ``report`` are private (the audit record only): the number
-of records read, sampled and suppressed depend on the data and are not outputs of the mechanism.
+The figures in the outcome's ``report`` are private (the audit record only): the numbers of records
+read, sampled and suppressed depend on the data and are not outputs of the mechanism. The plan's
+report holds public parameters only (hierarchy heights, lattice size, the search's steps).
 """
 
 from dataclasses import dataclass, field
