@@ -24,14 +24,13 @@ import statistics
 import time
 from pathlib import Path
 
-import numpy as np
 import pandas as pd
 
 from kepsilon.engine.dp import smallest_k
 from kepsilon.engine.dp_search import all_nodes, precision_loss
 from kepsilon.flows.spec import load_spec, parse_spec
 from kepsilon.tasks.classify import classify
-from kepsilon.tasks.dp_release import dp_generators, mechanism, plan
+from kepsilon.engine.dp_release import dp_generators, mechanism, plan
 from kepsilon.tasks.ingest import read_source
 
 SPEC = Path(__file__).resolve().parent.parent / "releases" / "adult-dp.yaml"

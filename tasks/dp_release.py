@@ -1,202 +1,19 @@
-"""The DP mode's stages: plan the release (no randomness, before any ε), then sample, search and
-safe-k-anonymise it (after the reservation, from the release's sealed seed).
+"""The DP mode's stages as Prefect tasks (the mechanism: ``kepsilon.engine.dp_release``).
 
-``privacy_model: dp`` releases a table that is (ε, δ)-differentially private as a whole (the argument,
-step by step, is docs/dp-mode.md): every record is sampled with probability β, the full-domain node
-is fixed in the spec or chosen by the exponential mechanism on the full data (ε_search), and every
-released column — k-quasis and ε-quasis at the node's level of their public hierarchy, sensitive
-columns at their declared level or as read — is part of the group key; groups with fewer than k
-sampled records are suppressed, whatever their number. Nothing is noised and nothing reads a value
-to decide a suppression.
-
-``plan_dp_release`` loads the hierarchies, checks the node's levels against them and codes the
-table; everything it can refuse (a level out of range, a value that is no leaf, a missing value at a
-generalised level) it refuses before ε is reserved. ``draw_dp_release`` is the one stage that draws
-randomness: search, sampling and the published order each get their own stream of the sealed seed,
-so a rerun re-derives the same release byte for byte and spends nothing more.
-
-The figures in the outcome's ``report`` are private (the audit record only): the numbers of records
-read, sampled and suppressed depend on the data and are not outputs of the mechanism. The plan's
-report holds public parameters only (hierarchy heights, lattice size, the search's steps).
+``plan_dp_release`` runs before any ε is reserved and refuses everything it can; ``draw_dp_release``
+is the one stage that draws randomness, from the release's sealed seed, after the reservation.
 """
 
 from dataclasses import dataclass, field
 from typing import Any
 
-import numpy as np
 import pandas as pd
 from prefect import task
 from prefect.cache_policies import NO_CACHE
 
-from kepsilon.engine.dp_search import (
-    CodedTable,
-    dp_exhaustive_search,
-    dp_search,
-    lattice_height,
-    lattice_size,
-    precision_loss,
-    sample_and_anonymise,
-)
+from kepsilon.engine.dp_release import DPPlan, dp_generators, mechanism, plan
+from kepsilon.engine.perturb import new_seed
 from kepsilon.faults import fault_point
-
-from .errors import InputError, SpecError
-from .hierarchy import Hierarchy, load_hierarchy
-from .hierarchy_builders import build_hierarchy
-from .perturb import SEED_BYTES, new_seed
-
-
-@dataclass
-class DPPlan:
-    """What the DP stage needs, prepared before any ε is spent.
-
-    ``columns``: the generalised columns in node order; ``hierarchies``: theirs and those of the
-    sensitive columns released above level 0; ``sensitive_levels``: every sensitive column's level;
-    ``table``: the records coded for grouping (one row per record, source order); ``leaf_codes``:
-    each hierarchy column's leaf per record (to write the labels); ``strategy``: the search's
-    (None for a fixed node); ``steps``: the walk's steps (None otherwise).
-    """
-
-    columns: list[str]
-    hierarchies: dict[str, Hierarchy] = field(repr=False)
-    sensitive_levels: dict[str, int]
-    table: CodedTable = field(repr=False)
-    leaf_codes: dict[str, np.ndarray] = field(repr=False)
-    heights: tuple[int, ...]
-    node: tuple[int, ...] | None
-    strategy: str | None
-    steps: int | None
-
-    def report(self) -> dict:
-        """The plan's public parameters (every figure here comes from the spec and the hierarchies)."""
-        return {
-            "generalised_columns": list(self.columns),
-            "heights": dict(zip(self.columns, self.heights)),
-            "lattice_nodes": lattice_size(self.heights),
-            "lattice_height": lattice_height(self.heights),
-            "search_strategy": self.strategy,
-            "search_steps": self.steps,
-            "sensitive_levels": dict(self.sensitive_levels),
-        }
-
-    def hierarchy_hashes(self) -> dict[str, str]:
-        return {column: hierarchy.sha256 for column, hierarchy in self.hierarchies.items()}
-
-
-def plan(frame: pd.DataFrame, spec) -> DPPlan:
-    """Load and check the hierarchies, code every released column, settle the search's steps."""
-    columns = spec.generalised_columns()
-    hierarchies = {column: _generalised_hierarchy(spec, frame, column) for column in columns}
-    heights = tuple(hierarchies[column].height for column in columns)
-    node = None
-    if spec.dp.node is not None:
-        node = tuple(_checked_level(f"dp.node.{c}", spec.dp.node[c], hierarchies[c]) for c in columns)
-    sensitive_levels, sensitive_hierarchies = _sensitive_levels(spec, frame)
-    hierarchies.update(sensitive_hierarchies)
-
-    leaf_codes = {column: hierarchy.leaf_codes(frame[column]) for column, hierarchy in hierarchies.items()}
-    levels = tuple(
-        tuple(hierarchies[c].label_codes[level][leaf_codes[c]] for level in range(hierarchies[c].height)) for c in columns
-    )
-    fixed = tuple(_fixed_codes(frame, column, level, hierarchies.get(column), leaf_codes.get(column))
-                  for column, level in sensitive_levels.items())
-    strategy, steps = _search_plan(spec, heights)
-    return DPPlan(
-        columns=columns,
-        hierarchies=hierarchies,
-        sensitive_levels=sensitive_levels,
-        table=CodedTable(levels=levels, fixed=fixed),
-        leaf_codes=leaf_codes,
-        heights=heights,
-        node=node,
-        strategy=strategy,
-        steps=steps,
-    )
-
-
-# Scoring a node groups the whole table once (about 1.5 ms on Adult): 100,000 nodes is minutes.
-MAX_EXHAUSTIVE_NODES = 100_000
-
-
-def _search_plan(spec, heights) -> tuple[str | None, int | None]:
-    """The search's strategy and the walk's steps (default: half the lattice's height, at least one).
-
-    Half the height measured best on Adult among 3, 6, 10 and 17 steps (README); the exhaustive
-    search is refused on a lattice too large to score node by node, before any ε.
-    """
-    if spec.dp.search is None:
-        return None, None
-    if spec.dp.search.strategy == "exhaustive":
-        if lattice_size(heights) > MAX_EXHAUSTIVE_NODES:
-            raise SpecError(
-                "dp.search.strategy",
-                f"the lattice has {lattice_size(heights)} nodes, more than {MAX_EXHAUSTIVE_NODES} to score one by one; "
-                "use strategy walk",
-            )
-        return "exhaustive", None
-    return "walk", spec.dp.search.steps or max(1, lattice_height(heights) // 2)
-
-
-def _generalised_hierarchy(spec, frame: pd.DataFrame, column: str) -> Hierarchy:
-    """A k-quasi's or ε-quasi's public hierarchy: its file, or built from its public definition."""
-    entry = next(q for q in [*spec.roles.k_quasi, *spec.roles.e_quasi] if q.column == column)
-    if isinstance(entry.hierarchy, str):
-        return load_hierarchy(entry.hierarchy, column)
-    return build_hierarchy(entry.hierarchy, frame[column], column)
-
-
-def _checked_level(parameter: str, level: int, hierarchy: Hierarchy) -> int:
-    if not 0 <= level < hierarchy.height:
-        raise SpecError(parameter, f"level {level} is outside its hierarchy's levels 0..{hierarchy.height - 1}")
-    return int(level)
-
-
-def _sensitive_levels(spec, frame: pd.DataFrame) -> tuple[dict[str, int], dict[str, Hierarchy]]:
-    """Every sensitive column's level (0: as read), and the hierarchies of those released above 0
-    (such a column may not have missing values: a hierarchy cannot generalise them)."""
-    levels, hierarchies = {}, {}
-    for entry in spec.roles.sensitive:
-        column = entry if isinstance(entry, str) else entry.column
-        level = spec.dp.sensitive_levels.get(column, 0)
-        if level > 0:
-            if frame[column].isna().any():
-                raise InputError(column, "has missing values, which its hierarchy cannot generalise; release it at level 0")
-            hierarchy = load_hierarchy(entry.hierarchy, column)
-            levels[column] = _checked_level(f"dp.sensitive_levels.{column}", level, hierarchy)
-            hierarchies[column] = hierarchy
-        else:
-            levels[column] = 0
-    return levels, hierarchies
-
-
-def _fixed_codes(frame: pd.DataFrame, column: str, level: int, hierarchy: Hierarchy | None, leaves) -> np.ndarray:
-    """A sensitive column's group codes: its values as read (a missing value is a value of its own),
-    or its labels at ``level`` of its hierarchy."""
-    if hierarchy is None:
-        return pd.factorize(frame[column], use_na_sentinel=False)[0].astype(np.int64)
-    return hierarchy.label_codes[level][leaves]
-
-
-@task(name="plan-dp-release", cache_policy=NO_CACHE, persist_result=False)
-def plan_dp_release(frame: pd.DataFrame, spec) -> DPPlan:
-    """Prefect task: the DP release's plan; its refusals come before any ε is reserved."""
-    return plan(frame, spec)
-
-
-# --- after the reservation: the mechanism ----------------------------------------------------------
-
-
-def dp_generators(seed: bytes) -> tuple[np.random.Generator, np.random.Generator, np.random.Generator]:
-    """The (search, sampling, order) generators of a DP release, three independent streams of ``seed``.
-
-    Independent so that the sample does not depend on how many draws the search made (a fixed node
-    and a searched one sample alike). Each generator is keyed with 256 bits drawn from its child
-    sequence, not with the child, whose repr would print the seed (see ``perturb.release_generators``).
-    """
-    if not isinstance(seed, (bytes, bytearray)) or len(seed) != SEED_BYTES:
-        raise SpecError("seed", f"must be exactly {SEED_BYTES} bytes")
-    children = np.random.SeedSequence(int.from_bytes(bytes(seed), "big")).spawn(3)
-    search, sampling, order = (np.random.Generator(np.random.PCG64(c.generate_state(4, np.uint64))) for c in children)
-    return search, sampling, order
 
 
 @dataclass
@@ -209,54 +26,10 @@ class DPOutcome:
     seed_commitment: str
 
 
-def mechanism(frame: pd.DataFrame, dp_plan: DPPlan, spec, rngs) -> tuple[pd.DataFrame, dict, dict]:
-    """Search (or take the fixed node), sample, safe-k-anonymise, label and shuffle.
-
-    Returns the published table, the node {column: level} and the private report.
-    """
-    search_rng, sampling_rng, order_rng = rngs
-    epsilon_search, _ = spec.dp_epsilons()
-    report: dict[str, Any] = {"rows_in": int(len(frame))}
-    if dp_plan.node is None:
-        # The score counts records in groups of at least k on the full data: sensitivity k.
-        table = dp_plan.table.compressed()
-        if dp_plan.strategy == "exhaustive":
-            result = dp_exhaustive_search(table, spec.k, epsilon_search, search_rng)
-        else:
-            result = dp_search(table, spec.k, epsilon_search, dp_plan.steps, search_rng)
-        node = result.node
-        report["search"] = {"path": [list(step) for step in result.path], "nodes_scored": result.nodes_scored}
-    else:
-        node = dp_plan.node
-    sampled, published = sample_and_anonymise(dp_plan.table, node, spec.k, spec.dp_beta(), sampling_rng)
-    table = published_table(frame, dp_plan, node, published, order_rng)
-    report.update(
-        rows_sampled=int(sampled.sum()),
-        rows_suppressed=int(sampled.sum() - published.sum()),
-        rows_published=int(published.sum()),
-        precision_loss=precision_loss(node, dp_plan.heights),
-    )
-    return table, dict(zip(dp_plan.columns, (int(level) for level in node))), report
-
-
-def published_table(frame: pd.DataFrame, dp_plan: DPPlan, node, published: np.ndarray, rng) -> pd.DataFrame:
-    """The published records in the source's column order, each column at its level, in random order.
-
-    Generalised columns and sensitive columns above level 0 are hierarchy labels (text); a sensitive
-    column at level 0 is published as read, in its type. The order is a permutation drawn from the
-    release's order stream, so it says nothing about the source's order.
-    """
-    level_of = dict(zip(dp_plan.columns, node)) | {c: level for c, level in dp_plan.sensitive_levels.items() if level > 0}
-    rows = np.flatnonzero(published)
-    columns = {}
-    for column in frame.columns:
-        if column in level_of:
-            labels = dp_plan.hierarchies[column].labels[level_of[column]][dp_plan.leaf_codes[column][rows]]
-            columns[column] = pd.array(labels, dtype=str)
-        else:
-            columns[column] = frame[column].array.take(rows)
-    table = pd.DataFrame(columns, index=pd.RangeIndex(len(rows)))
-    return table.iloc[rng.permutation(len(rows))].reset_index(drop=True)
+@task(name="plan-dp-release", cache_policy=NO_CACHE, persist_result=False)
+def plan_dp_release(frame: pd.DataFrame, spec) -> DPPlan:
+    """Prefect task: the DP release's plan; its refusals come before any ε is reserved."""
+    return plan(frame, spec)
 
 
 @task(name="dp-sample-and-anonymise", cache_policy=NO_CACHE, persist_result=False)

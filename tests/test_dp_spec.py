@@ -7,7 +7,7 @@ import pytest
 from kepsilon.engine.dp import safe_k_delta, sampling_rate_for, smallest_k
 from kepsilon.flows.spec import parse_spec
 from kepsilon.tasks.classify import classify
-from kepsilon.tasks.dp_release import dp_generators, mechanism, plan
+from kepsilon.engine.dp_release import dp_generators, mechanism, plan
 from kepsilon.tasks.errors import InputError, SpecError
 
 from .conftest import ADULT
@@ -134,7 +134,7 @@ def test_the_plan_refuses_before_any_epsilon_what_the_hierarchies_forbid(adult):
 
 
 def test_an_exhaustive_search_over_too_large_a_lattice_is_refused(adult, monkeypatch):
-    import kepsilon.tasks.dp_release as dp_release
+    import kepsilon.engine.dp_release as dp_release
 
     monkeypatch.setattr(dp_release, "MAX_EXHAUSTIVE_NODES", 100)
     spec = parse_spec(with_dp(node=None, search={"epsilon": 0.1}))
