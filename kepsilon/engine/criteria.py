@@ -246,28 +246,48 @@ def group_value_counts(groups: np.ndarray, codes: np.ndarray, n_groups: int, m: 
     return flat.reshape(n_groups, m).astype(np.int64)
 
 
+def is_numeric_entry(entry) -> bool:
+    """Whether a sensitive column's values are compared as numbers (t-closeness with numeric distance)."""
+    tclose = None if isinstance(entry, str) else entry.t_closeness
+    return tclose is not None and tclose.distance == "numeric"
+
+
+def value_counts(values: pd.Series, numeric: bool = False) -> pd.Series:
+    """Records per value string (``value_strings``): what a criterion needs of a column, and what partial
+    counts of a partitioned table add up to. Indexed by the strings, in order of first appearance."""
+    return value_strings(values, numeric).value_counts(sort=False).astype(np.int64)
+
+
 def build_column_criteria(entry, values: pd.Series, hierarchy: Hierarchy | None = None) -> ColumnCriteria:
     """The criteria of one sensitive column from its spec entry and its values in the whole input table.
 
     ``entry``: a plain column name (no criterion; t reported with equal distance) or a spec
     ``SensitiveColumn``. Errors name the column or the parameter, never a value.
     """
+    return criteria_from_counts(entry, value_counts(values, is_numeric_entry(entry)), hierarchy)
+
+
+def criteria_from_counts(entry, counts: pd.Series, hierarchy: Hierarchy | None = None) -> ColumnCriteria:
+    """:func:`build_column_criteria` from the column's value counts (:func:`value_counts`), which the
+    in-memory path counts on the whole column and the partitioned path adds up over its partitions:
+    the domain, the reference distribution and every refusal depend on the counts only."""
     column = entry if isinstance(entry, str) else entry.column
     ldiv = None if isinstance(entry, str) else entry.l_diversity
     tclose = None if isinstance(entry, str) else entry.t_closeness
     distance = tclose.distance if tclose is not None else "equal"
     where = f"roles.sensitive.{column}"
     numeric = distance == "numeric"
-    if numeric:
-        as_numbers = pd.to_numeric(values, errors="coerce")
-        if as_numbers.isna().any():
-            raise InputError(column, "t-closeness with numeric distance needs numbers in every record")
-    strings = value_strings(values, numeric)
+    strings = np.asarray(counts.index, dtype=object)
+    records = counts.to_numpy(dtype=np.int64)
+    if numeric and MISSING in counts.index:
+        raise InputError(column, "t-closeness with numeric distance needs numbers in every record")
     parents: tuple = ()
     if distance == "hierarchical":
         if hierarchy is None:
             raise SpecError(f"{where}.hierarchy", "hierarchical distance needs the column's hierarchy")
-        hierarchy.leaf_codes(values)  # refuses values that are not leaves, by count
+        outside = pd.Index(strings).difference(hierarchy.leaves)
+        if len(outside):  # as Hierarchy.leaf_codes refuses them: by count, never by value
+            raise HierarchyError(column, f"{len(outside)} distinct value(s) of the data are not leaves of its hierarchy")
         domain = tuple(str(v) for v in hierarchy.leaves)
         parents = tuple(hierarchy_parents(hierarchy))
     elif distance == "ordered":
@@ -277,15 +297,15 @@ def build_column_criteria(entry, values: pd.Series, hierarchy: Hierarchy | None 
         if len(set(domain)) != len(domain):
             raise SpecError(f"{where}.t_closeness.order", "lists a value more than once")
     elif numeric:
-        domain = tuple(repr(float(v)) for v in np.unique(pd.to_numeric(values).astype(np.float64)))
+        domain = tuple(sorted(strings, key=float))
     else:
-        domain = tuple(sorted(strings.unique()))
+        domain = tuple(sorted(strings))
     index = pd.Index(domain)
     codes = index.get_indexer(strings)
     if (codes < 0).any():
-        raise InputError(column, f"{int((codes < 0).sum())} record(s) hold a value missing from the declared order")
-    reference = np.bincount(codes, minlength=len(domain)) / max(len(codes), 1)
-    criteria = ColumnCriteria(
+        raise InputError(column, f"{int(records[codes < 0].sum())} record(s) hold a value missing from the declared order")
+    reference = np.bincount(codes, weights=records, minlength=len(domain)) / max(int(records.sum()), 1)
+    return ColumnCriteria(
         column=column,
         domain=domain,
         reference=reference,
@@ -297,7 +317,6 @@ def build_column_criteria(entry, values: pd.Series, hierarchy: Hierarchy | None 
         t=tclose.t if tclose is not None else None,
         numeric=numeric,
     )
-    return criteria
 
 
 def build_criteria(sensitive: list, frame: pd.DataFrame, hierarchies: dict | None = None) -> list[ColumnCriteria]:
@@ -305,11 +324,20 @@ def build_criteria(sensitive: list, frame: pd.DataFrame, hierarchies: dict | Non
 
     ``hierarchies`` maps a sensitive column to its loaded hierarchy (for the hierarchical distance).
     """
+    counts = {}
+    for entry in sensitive:
+        column = entry if isinstance(entry, str) else entry.column
+        counts[column] = value_counts(frame[column], is_numeric_entry(entry))
+    return criteria_from_value_counts(sensitive, counts, hierarchies)
+
+
+def criteria_from_value_counts(sensitive: list, counts: dict, hierarchies: dict | None = None) -> list[ColumnCriteria]:
+    """:func:`build_criteria` from each sensitive column's value counts (column → :func:`value_counts`)."""
     hierarchies = hierarchies or {}
     result = []
     for entry in sensitive:
         column = entry if isinstance(entry, str) else entry.column
-        result.append(build_column_criteria(entry, frame[column], hierarchies.get(column)))
+        result.append(criteria_from_counts(entry, counts[column], hierarchies.get(column)))
     return result
 
 

@@ -182,8 +182,13 @@ def build_hierarchy(
     definition: IntervalHierarchy | MaskingHierarchy | DateHierarchy | Mapping[str, Any],
     values: pd.Series,
     column: str,
+    weights: np.ndarray | None = None,
 ) -> Hierarchy:
     """The hierarchy ``definition`` describes, over the distinct values of ``values``.
+
+    ``weights``: records per value when ``values`` lists distinct tuples rather than records (a
+    histogram, ``kepsilon.engine.histogram``); the hierarchy depends on the distinct values only, the
+    counts in refusals on the records.
 
     Leaves are the distinct values in the text form ``Hierarchy.leaf_codes`` matches on, so the
     result covers the column whether it holds text or numbers. Leaves are ordered by number
@@ -199,13 +204,14 @@ def build_hierarchy(
     value_codes, uniques = pd.factorize(values, use_na_sentinel=True)
     missing = int((value_codes < 0).sum())
     if missing:
-        raise HierarchyError(column, f"{missing} value(s) are missing; a k-quasi with a hierarchy must be complete")
+        absent = missing if weights is None else int(np.asarray(weights)[value_codes < 0].sum())
+        raise HierarchyError(column, f"{absent} value(s) are missing; a k-quasi with a hierarchy must be complete")
     if len(uniques) == 0:
         raise HierarchyError(column, "has no values to build a hierarchy over")
     # Distinct values can share a text form (1 and "1" in an object column); leaves are texts.
     text_codes, texts = pd.factorize(_as_strings(pd.Series(uniques)).to_numpy(dtype=object))
     texts = np.asarray(texts, dtype=object)
-    records_per_text = np.bincount(text_codes[value_codes], minlength=len(texts))
+    records_per_text = np.bincount(text_codes[value_codes], weights=weights, minlength=len(texts))
     first_unique_of_text = np.unique(text_codes, return_index=True)[1]
 
     if isinstance(definition, IntervalHierarchy):

@@ -40,6 +40,12 @@ per-partition minimum, maximum and weighted median are gathers and binary search
 offsets, and a split is a stable in-block partition computed with cumulative sums. The cost is one
 sort per dimension plus O(u · d) per depth (u distinct tuples, d k-quasis), O(u · d · log(n/k))
 overall; nothing is quadratic and there is no Python loop over records or partitions.
+
+The recursion's input is the table's weighted histogram of distinct tuples
+(``kepsilon.engine.histogram``): :func:`mondrian_classes` takes it directly, which is how a partitioned
+table too large for one process is anonymised (its histogram is built by a reduction);
+:func:`mondrian` builds it from a frame in memory and maps the classes back to the records, so both
+paths give the same classes.
 """
 
 from dataclasses import dataclass
@@ -50,7 +56,8 @@ import pandas as pd
 from .criteria import ColumnCriteria, declared, group_value_counts
 from .errors import InputError, SpecError
 from .hierarchy import Hierarchy, categorical_precision, lowest_common_levels
-from .partition import Partition, check_anonymiser_parameters
+from .histogram import TupleHistogram, pair_codes, tuple_histogram
+from .partition import Partition, TupleClasses, check_anonymiser_parameters, check_histogram_parameters
 
 ALGORITHM = "mondrian"
 
@@ -82,12 +89,16 @@ class _Dimension:
 
 @dataclass(frozen=True)
 class _Units:
-    """The distinct k-quasi tuples of the table ("units"), each with its row count."""
+    """The distinct encoded k-quasi tuples ("units"), each with its record count.
 
-    of_row: np.ndarray  # unit of every row
+    Rows here are the histogram's tuples; two tuples whose values encode alike (the integer 1 and the
+    text "1" matched to one hierarchy leaf) are one unit.
+    """
+
+    of_row: np.ndarray  # unit of every histogram row
     codes: list[np.ndarray]  # per dimension, the code of every unit
-    weights: np.ndarray  # rows per unit
-    first_rows: np.ndarray  # first row of every unit
+    weights: np.ndarray  # records per unit
+    first_rows: np.ndarray  # source position of the first record of every unit
 
 
 @dataclass(frozen=True)
@@ -98,11 +109,12 @@ class _Classes:
     dimension ``j`` (read off the sorted blocks when the class is closed, so no extra pass is needed).
     """
 
-    ids: np.ndarray  # class of every row
+    ids: np.ndarray  # class of every histogram row
     unit_ids: np.ndarray  # class of every unit
     units: _Units
     sizes: np.ndarray
-    first_rows: np.ndarray
+    first_rows: np.ndarray  # source position of the first record of every class
+    first_units: np.ndarray  # the unit holding that record, one member per class
     low_codes: list[np.ndarray]
     high_codes: list[np.ndarray]
 
@@ -137,22 +149,43 @@ def mondrian(
     frame, missing or non-finite values, HierarchyError for a value that is not a leaf of its hierarchy.
     """
     check_anonymiser_parameters(frame, columns, k)
-    dimensions = [_encode(frame[column], hierarchies.get(column)) for column in columns]
-    sensitive = _SensitiveCounts.build(declared(criteria or []), frame, dimensions)
-    classes = _split_into_classes(dimensions, k, sensitive)
+    histogram = tuple_histogram(frame, columns, declared(criteria or []))
+    return mondrian_classes(histogram, columns, k, hierarchies, criteria).partition(frame.index, histogram.of_record)
+
+
+def mondrian_classes(
+    histogram: TupleHistogram,
+    columns: list[str],
+    k: int,
+    hierarchies: dict[str, Hierarchy],
+    criteria: list[ColumnCriteria] | None = None,
+) -> TupleClasses:
+    """Mondrian on a table's histogram of distinct k-quasi tuples (``kepsilon.engine.histogram``):
+    the class of every tuple, the classes' released labels and the report :func:`mondrian` gives.
+
+    ``histogram.pairs`` must hold the (tuple, value) pairs of every declared criterion. Same
+    parameters, guarantee and refusals as :func:`mondrian`; the classes are the ones :func:`mondrian`
+    finds on the records the histogram counts.
+    """
+    check_histogram_parameters(histogram, columns, k)
+    dimensions = [_encode(histogram.tuples[column], hierarchies.get(column)) for column in columns]
+    units = _distinct_tuples(dimensions, histogram.weights, histogram.first)
+    sensitive = _SensitiveCounts.build(declared(criteria or []), histogram, units)
+    classes = _split_into_classes(dimensions, units, k, sensitive)
 
     released, precision, generalisation = {}, {}, {}
     for j, dimension in enumerate(dimensions):
         labels, class_loss, summary = _release(dimension, classes, j)
-        released[dimension.name] = _per_row_strings(labels, classes.ids, frame.index)
+        released[dimension.name] = pd.array(labels, dtype=str).take(classes.ids)
         precision[dimension.name] = float(np.average(class_loss, weights=classes.sizes))
         generalisation[dimension.name] = summary
 
+    rows = histogram.records
     report = {
         "algorithm": ALGORITHM,
         "k": int(k),
-        "rows": int(len(frame)),
-        "kept_rows": int(len(frame)),
+        "rows": rows,
+        "kept_rows": rows,
         "suppressed_rows": 0,
         "n_classes": int(len(classes.sizes)),
         "smallest_class": int(classes.sizes.min()),
@@ -162,12 +195,7 @@ def mondrian(
         "generalisation": generalisation,
         "hierarchies": {d.name: d.hierarchy.sha256 for d in dimensions if d.hierarchy is not None},
     }
-    return Partition(
-        class_ids=classes.ids,
-        released=pd.DataFrame(released, index=frame.index),
-        kept=np.ones(len(frame), dtype=bool),
-        report=report,
-    )
+    return TupleClasses(class_of_tuple=classes.ids, released=pd.DataFrame(released), report=report)
 
 
 def _encode(values: pd.Series, hierarchy: Hierarchy | None) -> _Dimension:
@@ -236,8 +264,8 @@ def _sorted_distinct(values: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
     return distinct, codes.reshape(-1).astype(np.int64)
 
 
-def _distinct_tuples(dimensions: list[_Dimension]) -> _Units:
-    """Group the rows by their k-quasi tuple (one sort of a combined integer key)."""
+def _distinct_tuples(dimensions: list[_Dimension], weights: np.ndarray, first: np.ndarray) -> _Units:
+    """Group the histogram's rows by their encoded tuple (one sort of a combined integer key)."""
     key = np.zeros(len(dimensions[0].codes), dtype=np.int64)
     key_bound = 1
     for dimension in dimensions:
@@ -246,12 +274,16 @@ def _distinct_tuples(dimensions: list[_Dimension]) -> _Units:
             key_bound = int(key.max()) + 1
         key = key * dimension.n_distinct + dimension.codes
         key_bound *= dimension.n_distinct
-    _, first_rows, of_row, weights = np.unique(key, return_index=True, return_inverse=True, return_counts=True)
+    _, representative, of_row = np.unique(key, return_index=True, return_inverse=True)
+    of_row = of_row.reshape(-1).astype(np.int64)
+    n_units = len(representative)
+    first_rows = np.full(n_units, np.iinfo(np.int64).max, dtype=np.int64)
+    np.minimum.at(first_rows, of_row, np.asarray(first, dtype=np.int64))
     return _Units(
-        of_row=of_row.reshape(-1).astype(np.int64),
-        codes=[dimension.codes[first_rows] for dimension in dimensions],
-        weights=weights.astype(np.int64),
-        first_rows=first_rows.astype(np.int64),
+        of_row=of_row,
+        codes=[dimension.codes[representative] for dimension in dimensions],
+        weights=np.bincount(of_row, weights=weights, minlength=n_units).astype(np.int64),
+        first_rows=first_rows,
     )
 
 
@@ -264,15 +296,15 @@ class _SensitiveCounts:
     pairs: list  # per column: (unit of pair, value code of pair, records of pair)
 
     @classmethod
-    def build(cls, criteria: list, frame: pd.DataFrame, dimensions: list) -> "_SensitiveCounts | None":
+    def build(cls, criteria: list, histogram: TupleHistogram, units: _Units) -> "_SensitiveCounts | None":
         if not criteria:
             return None
-        units = _distinct_tuples(dimensions)
         pairs = []
         for criterion in criteria:
             m = len(criterion.domain)
-            key = units.of_row * m + criterion.codes(frame[criterion.column])
-            unique, counts = np.unique(key, return_counts=True)
+            tuple_of_pair, code, records = pair_codes(histogram, criterion)
+            unique, inverse = np.unique(units.of_row[tuple_of_pair] * m + code, return_inverse=True)
+            counts = np.bincount(inverse.reshape(-1), weights=records, minlength=len(unique)).astype(np.int64)
             pairs.append((unique // m, unique % m, counts))
         return cls(criteria, pairs)
 
@@ -296,7 +328,9 @@ class _SensitiveCounts:
                 )
 
 
-def _split_into_classes(dimensions: list[_Dimension], k: int, sensitive: "_SensitiveCounts | None" = None) -> _Classes:
+def _split_into_classes(
+    dimensions: list[_Dimension], units: _Units, k: int, sensitive: "_SensitiveCounts | None" = None
+) -> _Classes:
     """Run the Mondrian recursion breadth-first, one depth per iteration, all partitions at once.
 
     The recursion works on distinct k-quasi tuples weighted by their row counts: a cut never separates
@@ -305,13 +339,12 @@ def _split_into_classes(dimensions: list[_Dimension], k: int, sensitive: "_Sensi
     (``block_tuples``) for every ``j``, each block sorted by dimension ``j``'s code. Closed partitions
     leave the arrays, so the work shrinks with depth.
     """
-    units = _distinct_tuples(dimensions)
     n_units = len(units.weights)
     if sensitive is not None:
         sensitive.check_whole_table(n_units)
     orders = [np.argsort(codes, kind="stable") for codes in units.codes]
     block_tuples = np.array([n_units], dtype=np.int64)
-    block_rows = np.array([len(units.of_row)], dtype=np.int64)
+    block_rows = np.array([int(units.weights.sum())], dtype=np.int64)
     unit_class = np.empty(n_units, dtype=np.int64)
     closed_low, closed_high = [[] for _ in dimensions], [[] for _ in dimensions]
     n_closed = 0
@@ -479,28 +512,28 @@ def _split_blocks(orders, block_tuples, cut_dimension, left_tuples, n_units) -> 
 
 
 def _number_by_first_row(units: _Units, unit_class: np.ndarray, low_codes: list, high_codes: list) -> _Classes:
-    """Renumber classes 0..n-1 in the order of their first row, so ids do not depend on the recursion."""
+    """Renumber classes 0..n-1 in the order of their first record, so ids do not depend on the recursion."""
     n_classes = len(low_codes[0])
-    first_rows = np.full(n_classes, len(units.of_row), dtype=np.int64)
+    first_rows = np.full(n_classes, np.iinfo(np.int64).max, dtype=np.int64)
     np.minimum.at(first_rows, unit_class, units.first_rows)
     order = np.argsort(first_rows)
     renumber = np.empty(n_classes, dtype=np.int64)
     renumber[order] = np.arange(n_classes)
     unit_ids = renumber[unit_class]
+    by_class = np.lexsort((units.first_rows, unit_ids))  # per class, its units from the first record on
+    starts = np.flatnonzero(np.r_[True, unit_ids[by_class][1:] != unit_ids[by_class][:-1]])
+    first_units = np.empty(n_classes, dtype=np.int64)
+    first_units[unit_ids[by_class][starts]] = by_class[starts]
     return _Classes(
         ids=unit_ids[units.of_row],
         unit_ids=unit_ids,
         units=units,
         sizes=np.bincount(unit_ids, weights=units.weights, minlength=n_classes).astype(np.int64),
         first_rows=first_rows[order],
+        first_units=first_units,
         low_codes=[low[order] for low in low_codes],
         high_codes=[high[order] for high in high_codes],
     )
-
-
-def _per_row_strings(class_labels: np.ndarray, class_ids: np.ndarray, index: pd.Index) -> pd.Series:
-    """A string column holding each row's class label (one take, not one string per row built)."""
-    return pd.Series(pd.array(class_labels, dtype=str).take(class_ids), index=index)
 
 
 def _release(dimension: _Dimension, classes: _Classes, j: int):
@@ -515,7 +548,7 @@ def _release(dimension: _Dimension, classes: _Classes, j: int):
 def _release_hierarchical(dimension: _Dimension, classes: _Classes, j: int):
     """Lowest common hierarchy label per class; loss level/(h-1)."""
     hierarchy = dimension.hierarchy
-    leaf_codes = dimension.distinct[dimension.codes[classes.first_rows]]  # one member per class
+    leaf_codes = dimension.distinct[classes.units.codes[j][classes.first_units]]  # one member per class
     unit_leaf_codes = dimension.distinct[classes.units.codes[j]]
     levels = lowest_common_levels(unit_leaf_codes, classes.unit_ids, hierarchy)  # units suffice: same classes
     labels = np.empty(len(levels), dtype=object)

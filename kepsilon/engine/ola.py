@@ -45,7 +45,9 @@ whose suppressed records fit the budget. Monotonicity decides how that optimum i
   bounds stay valid (they do not assume monotone suppression), so the result is the same optimum an
   exhaustive search finds; it only groups more nodes.
 
-Speed: records are reduced to their distinct k-quasi tuples (weighted by count) once; a node is
+Speed: records are reduced to their distinct k-quasi tuples (weighted by count) once — the table's
+histogram (``kepsilon.engine.histogram``), which :func:`ola_classes` takes directly (a partitioned table
+builds it by a reduction) and :func:`ola` builds from a frame in memory —; a node is
 grouped by one mixed-radix integer key over per-level label codes, and a node is grouped from the
 classes of its smallest already-grouped specialisation when one is cached ("roll-up"), which holds
 far fewer rows than the data.
@@ -61,7 +63,8 @@ import pandas as pd
 from .criteria import declared, group_value_counts, monotone_under_suppression
 from .errors import HierarchyError, SpecError
 from .hierarchy import Hierarchy
-from .partition import Partition, check_anonymiser_parameters
+from .histogram import TupleHistogram, pair_codes, tuple_histogram
+from .partition import Partition, TupleClasses, check_anonymiser_parameters, check_histogram_parameters
 
 METRICS = ("precision", "loss", "discernibility", "dm_star")
 
@@ -124,16 +127,36 @@ def ola(
     name the column or parameter, never a value.
     """
     _check_parameters(frame, columns, k, suppression_budget, metric)
+    histogram = tuple_histogram(frame, columns, declared(criteria or []))
+    classes = ola_classes(histogram, columns, k, hierarchies, suppression_budget, metric, criteria)
+    return classes.partition(frame.index, histogram.of_record)
+
+
+def ola_classes(
+    histogram: TupleHistogram,
+    columns: list[str],
+    k: int,
+    hierarchies: Mapping[str, Hierarchy],
+    suppression_budget: float,
+    metric: str = "precision",
+    criteria: list | None = None,
+) -> TupleClasses:
+    """OLA on a table's histogram of distinct k-quasi tuples (``kepsilon.engine.histogram``): the
+    class of every tuple (``-1``: suppressed), its labels at the chosen node, the node and the report
+    :func:`ola` gives. ``histogram.pairs`` must hold the pairs of every declared criterion. Same
+    parameters, optimum and refusals as :func:`ola` on the records the histogram counts."""
+    _check_search_parameters(k, suppression_budget, metric)
+    check_histogram_parameters(histogram, columns, k)
     ordered_hierarchies = [_hierarchy_for(column, hierarchies) for column in columns]
     leaf_codes = np.column_stack(
-        [_leaf_codes(frame[column], h) for column, h in zip(columns, ordered_hierarchies)]
+        [_leaf_codes(histogram.tuples[column], h) for column, h in zip(columns, ordered_hierarchies)]
     )
-    n = len(frame)
-    records = _RecordTuples.from_leaf_codes(leaf_codes)
+    n = histogram.records
+    records = _RecordTuples.from_leaf_codes(leaf_codes, histogram.weights)
     lattice = _Lattice(tuple(h.height for h in ordered_hierarchies))
     objective = _Objective.build(metric, lattice, records, ordered_hierarchies)
     enforced = declared(criteria or [])
-    sensitive = _SensitivePairs.build(enforced, frame, records) if enforced else None
+    sensitive = _SensitivePairs.build(enforced, histogram, records) if enforced else None
     evaluator = _NodeEvaluator(records, ordered_hierarchies, k, objective.record_costs, sensitive)
     search = _OptimalSearch(lattice, evaluator, objective, max_suppressed=math.floor(suppression_budget * n + 1e-9))
     monotone = monotone_under_suppression(enforced)
@@ -150,7 +173,7 @@ def ola(
             + (", not even the most general one" if monotone else ""),
         )
     return _materialise(
-        frame,
+        histogram,
         columns,
         ordered_hierarchies,
         leaf_codes,
@@ -178,6 +201,11 @@ def ola(
 def _check_parameters(frame: pd.DataFrame, columns, k, suppression_budget, metric) -> None:
     """Refuse bad parameters before touching the data; errors name the parameter or column."""
     check_anonymiser_parameters(frame, columns, k)
+    _check_search_parameters(k, suppression_budget, metric)
+
+
+def _check_search_parameters(k, suppression_budget, metric) -> None:
+    """The search's own parameters: the budget and the metric (k is checked with the data)."""
     if (
         isinstance(suppression_budget, bool)
         or not isinstance(suppression_budget, (int, float, np.integer, np.floating))
@@ -231,14 +259,17 @@ class _RecordTuples:
 
     leaves: np.ndarray  # (m, d) leaf codes, one row per distinct tuple
     counts: np.ndarray  # (m,) records per tuple
-    tuple_of_record: np.ndarray  # (n,) index of each record's tuple
+    tuple_of_record: np.ndarray  # index of the tuple of each histogram row
 
     @classmethod
-    def from_leaf_codes(cls, leaf_codes: np.ndarray) -> "_RecordTuples":
+    def from_leaf_codes(cls, leaf_codes: np.ndarray, weights: np.ndarray) -> "_RecordTuples":
+        """From the leaf codes of a histogram's rows and their record counts (rows with equal codes merge)."""
         columns = [leaf_codes[:, c] for c in range(leaf_codes.shape[1])]
         key, _ = _combine(columns, [int(column.max()) + 1 for column in columns])
-        _, first, inverse, counts = np.unique(key, return_index=True, return_inverse=True, return_counts=True)
-        return cls(leaves=leaf_codes[first], counts=counts.astype(np.int64), tuple_of_record=inverse.ravel())
+        _, first, inverse = np.unique(key, return_index=True, return_inverse=True)
+        inverse = inverse.ravel()
+        counts = np.bincount(inverse, weights=weights, minlength=len(first)).astype(np.int64)
+        return cls(leaves=leaf_codes[first], counts=counts, tuple_of_record=inverse)
 
 
 def _combine(codes: list[np.ndarray], radices: list[int]) -> tuple[np.ndarray, int]:
@@ -435,12 +466,13 @@ class _SensitivePairs:
     pairs: list  # per column: (tuple of pair, value code of pair, records of pair)
 
     @classmethod
-    def build(cls, criteria: list, frame: pd.DataFrame, records: _RecordTuples) -> "_SensitivePairs":
+    def build(cls, criteria: list, histogram: TupleHistogram, records: _RecordTuples) -> "_SensitivePairs":
         pairs = []
         for criterion in criteria:
             m = len(criterion.domain)
-            key = records.tuple_of_record.astype(np.int64) * m + criterion.codes(frame[criterion.column])
-            unique, counts = np.unique(key, return_counts=True)
+            row, code, count = pair_codes(histogram, criterion)
+            unique, inverse = np.unique(records.tuple_of_record[row].astype(np.int64) * m + code, return_inverse=True)
+            counts = np.bincount(inverse.reshape(-1), weights=count, minlength=len(unique)).astype(np.int64)
             pairs.append((unique // m, unique % m, counts))
         return cls(criteria, pairs)
 
@@ -706,31 +738,32 @@ class _OptimalSearch:
 # --------------------------------------------------------------------------------------------------
 
 
-def _materialise(frame, columns, hierarchies, leaf_codes, records, evaluator, node, report_extra):
-    """The Partition of the records at ``node``: released labels, kept mask, dense class ids, report.
+def _materialise(histogram, columns, hierarchies, leaf_codes, records, evaluator, node, report_extra) -> TupleClasses:
+    """The classes of the histogram's tuples at ``node``: dense class ids (``-1``: suppressed), labels, report.
 
-    Class ids are numbered by the first row of each class, as Mondrian numbers them.
+    Class ids are numbered by the first record of each class, as Mondrian numbers them.
     """
 
     class_of_tuple, classes, suppressed = evaluator.suppressed_classes(node)
     raw_class = class_of_tuple[records.tuple_of_record]
     kept = ~suppressed[raw_class]
-    class_ids = np.full(len(frame), -1, dtype=np.int64)
+    class_ids = np.full(len(raw_class), -1, dtype=np.int64)
     if kept.any():
-        _, first_row, inverse = np.unique(raw_class[kept], return_index=True, return_inverse=True)
-        dense_of_unique = np.empty(len(first_row), dtype=np.int64)
-        dense_of_unique[np.argsort(first_row)] = np.arange(len(first_row))
+        present, inverse = np.unique(raw_class[kept], return_inverse=True)
+        first = np.full(len(present), np.iinfo(np.int64).max, dtype=np.int64)
+        np.minimum.at(first, inverse.ravel(), histogram.first[kept])
+        dense_of_unique = np.empty(len(present), dtype=np.int64)
+        dense_of_unique[np.argsort(first)] = np.arange(len(present))
         class_ids[kept] = dense_of_unique[inverse.ravel()]
     released = pd.DataFrame(
         {
-            column: _released_labels(h, level, leaf_codes[:, c], kept, frame.index, column)
+            column: _released_labels(h, level, leaf_codes[:, c], kept)
             for c, (column, h, level) in enumerate(zip(columns, hierarchies, node))
-        },
-        index=frame.index,
+        }
     )
-    class_sizes = np.bincount(class_ids[kept])
-    n = len(frame)
-    kept_rows = int(kept.sum())
+    class_sizes = np.bincount(class_ids[kept], weights=histogram.weights[kept]).astype(np.int64)
+    n = histogram.records
+    kept_rows = int(histogram.weights[kept].sum())
     report = {
         **report_extra,
         "rows": n,
@@ -747,10 +780,11 @@ def _materialise(frame, columns, hierarchies, leaf_codes, records, evaluator, no
             for column, h, level in zip(columns, hierarchies, node)
         },
     }
-    return Partition(class_ids=class_ids, released=released, kept=kept, report=report)
+    levels = {column: int(level) for column, level in zip(columns, node)}
+    return TupleClasses(class_of_tuple=class_ids, released=released, report=report, levels=levels)
 
 
-def _released_labels(hierarchy: Hierarchy, level: int, leaf_codes: np.ndarray, kept: np.ndarray, index, name):
+def _released_labels(hierarchy: Hierarchy, level: int, leaf_codes: np.ndarray, kept: np.ndarray):
     """Labels at ``level`` for kept rows and the most general label for suppressed rows, as strings.
 
     Suppressed rows still get a label so the frame is complete, but never one of a small class:
@@ -759,4 +793,4 @@ def _released_labels(hierarchy: Hierarchy, level: int, leaf_codes: np.ndarray, k
     """
     table = pd.array(np.concatenate([hierarchy.labels[level], hierarchy.labels[hierarchy.height - 1]]), dtype="str")
     rows = leaf_codes + np.where(kept, 0, len(hierarchy.leaves))
-    return pd.Series(table.take(rows), index=index, name=name)
+    return table.take(rows)

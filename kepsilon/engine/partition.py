@@ -32,12 +32,45 @@ class Partition:
     criteria: list = field(default_factory=list, repr=False)  # criteria.ColumnCriteria per sensitive column
 
 
+@dataclass
+class TupleClasses:
+    """What an anonymiser decides on a histogram of distinct k-quasi tuples (``kepsilon.engine.histogram``).
+
+    ``class_of_tuple``: per histogram tuple, its class, dense ``0..n_classes-1`` numbered by the first
+    record of each class, or ``-1`` when the anonymiser suppresses it. ``released``: per tuple, the
+    k-quasi columns as the anonymiser describes its class (strings; never published, see
+    :func:`published_labels`). ``report`` as in :class:`Partition`; ``levels``: OLA's node.
+    """
+
+    class_of_tuple: np.ndarray
+    released: pd.DataFrame
+    report: dict
+    levels: dict | None = None
+
+    def partition(self, index: pd.Index, tuple_of_record: np.ndarray) -> Partition:
+        """The :class:`Partition` of the records whose tuples are ``tuple_of_record`` (``index``: theirs)."""
+        class_ids = self.class_of_tuple[tuple_of_record]
+        released = pd.DataFrame(
+            {column: self.released[column].array.take(tuple_of_record) for column in self.released.columns},
+            index=index,
+        )
+        return Partition(class_ids=class_ids, released=released, kept=class_ids >= 0, report=self.report, levels=self.levels)
+
 
 def check_anonymiser_parameters(frame: pd.DataFrame, columns: list[str], k: int) -> None:
     """Refuse a bad k, an empty or duplicated column list, an unknown column and an empty frame.
 
     Shared by Mondrian and OLA: both take the same table, k-quasis and k.
     """
+    _check_parameters(frame.columns, len(frame), columns, k)
+
+
+def check_histogram_parameters(histogram, columns: list[str], k: int) -> None:
+    """:func:`check_anonymiser_parameters` for a histogram of distinct tuples: its records are counted."""
+    _check_parameters(histogram.tuples.columns, histogram.records, columns, k)
+
+
+def _check_parameters(present: pd.Index, rows: int, columns: list[str], k: int) -> None:
     if isinstance(k, (bool, np.bool_)) or not isinstance(k, (int, np.integer)):
         raise SpecError("k", "must be an integer")
     if k < 2:
@@ -47,13 +80,12 @@ def check_anonymiser_parameters(frame: pd.DataFrame, columns: list[str], k: int)
     if len(set(columns)) != len(columns):
         raise SpecError("columns", "lists a column more than once")
     for column in columns:
-        if column not in frame.columns:
+        if column not in present:
             raise InputError(column, "is not a column of the source")
-    if len(frame) == 0:
+    if rows == 0:
         raise InputError(None, "has no rows to anonymise")
-    if k > len(frame):
-        raise SpecError("k", f"is larger than the number of rows ({len(frame)}); no class can reach it")
-
+    if k > rows:
+        raise SpecError("k", f"is larger than the number of rows ({rows}); no class can reach it")
 
 
 def published_labels(

@@ -1,0 +1,190 @@
+"""The weighted histogram of distinct k-quasi tuples: all Mondrian and OLA need to know about the records.
+
+Both anonymisers decide classes on the distinct k-quasi tuples weighted by their record counts (a
+Mondrian cut never separates equal tuples, an OLA node groups equal tuples together), plus, when a
+sensitive column declares ℓ-diversity or t-closeness, the sensitive values' counts per tuple. So a
+table of any size is anonymised from this histogram, and a partitioned table can build it by a
+reduction: each partition counts its own tuples (:func:`tuple_histogram`) and the counts are added up
+(:func:`merge_histograms`). The in-memory path builds the same histogram from the whole table, which
+is why the two paths produce the same classes.
+
+What makes the two histograms equal, not only equivalent:
+
+* tuples are listed in order of **first occurrence** (``first``: the source position of each tuple's
+  first record). Any rule of the engine that depends on order of appearance (class numbering by first
+  record, the order in which distinct values are met when a hierarchy is built over the data) then
+  gives the same answer from the histogram as from the records;
+* counts are integers, and every floating-point figure derived from them (a reference distribution,
+  a weighted median) sees the same integers whichever way they were added up.
+
+The histogram also carries what the release needs per tuple before any noise: the value counts of
+every sensitive column (the criteria's domain and reference distribution) and the extremes of each
+ε-quasi clamped to its public bounds (per class diameters are then the extremes of the class's tuples).
+Every figure in it is computed from private data: it never leaves the release's processes.
+"""
+
+from dataclasses import dataclass, field
+
+import numpy as np
+import pandas as pd
+
+from .criteria import ColumnCriteria, is_numeric_entry, value_counts, value_strings
+from .errors import InputError
+
+TUPLE = "tuple"  # column of a pair table: the tuple's row in the histogram
+VALUE = "value"  # column of a pair table: the sensitive value's string (criteria.value_strings)
+RECORDS = "records"  # column of a pair table: how many records hold the pair
+
+
+@dataclass
+class TupleHistogram:
+    """The distinct k-quasi tuples of a table with their record counts (module docstring).
+
+    ``tuples``: one row per distinct tuple (the k-quasi columns, values as in the table), ordered by
+    ``first``. ``weights``: records per tuple. ``first``: source position of each tuple's first record
+    (increasing). ``values``: per sensitive column, records per value string. ``pairs``: per sensitive
+    column that declares a criterion, a frame (``tuple``, ``value``, ``records``) of the (tuple, value)
+    pairs present. ``extremes``: per ε-quasi, the (smallest, largest) value of each tuple's records after
+    clamping to the public bounds. ``of_record``: the tuple of each record, only when the histogram was
+    built from one frame (the in-memory path maps classes back to its records with it).
+    """
+
+    tuples: pd.DataFrame
+    weights: np.ndarray
+    first: np.ndarray
+    values: dict[str, pd.Series] = field(default_factory=dict)
+    pairs: dict[str, pd.DataFrame] = field(default_factory=dict)
+    extremes: dict[str, tuple[np.ndarray, np.ndarray]] = field(default_factory=dict)
+    of_record: np.ndarray | None = field(default=None, repr=False)
+
+    @property
+    def records(self) -> int:
+        return int(self.weights.sum())
+
+    def __len__(self) -> int:
+        return len(self.weights)
+
+
+def _column(entry) -> str:
+    return entry if isinstance(entry, str) else entry.column
+
+
+def _numeric(entry) -> bool:
+    """Whether the entry (a spec entry, or a built ``ColumnCriteria``) compares its values as numbers."""
+    return entry.numeric if isinstance(entry, ColumnCriteria) else is_numeric_entry(entry)
+
+
+def _declares(entry) -> bool:
+    if isinstance(entry, ColumnCriteria):
+        return entry.declared
+    return not isinstance(entry, str) and (entry.l_diversity is not None or entry.t_closeness is not None)
+
+
+def tuple_histogram(
+    frame: pd.DataFrame,
+    columns: list[str],
+    sensitive: list = (),
+    e_quasis: list = (),
+    positions: np.ndarray | None = None,
+) -> TupleHistogram:
+    """The histogram of ``frame``'s k-quasi ``columns``.
+
+    ``sensitive``: the spec's sensitive entries (a name, a ``SensitiveColumn``, or a built
+    ``criteria.ColumnCriteria``): every one gets its
+    value counts, the ones declaring a criterion their (tuple, value) pairs. ``e_quasis``: the spec's
+    ε-quasis (``column``, ``lower``, ``upper``), whose clamped extremes are kept per tuple.
+    ``positions``: each row's position in the source (default: the row number); rows must be in
+    increasing position, as every stage keeps them.
+    """
+    positions = np.arange(len(frame), dtype=np.int64) if positions is None else np.asarray(positions, dtype=np.int64)
+    # sort=False numbers the groups in order of first appearance, which is the order of first position.
+    of_record = frame.groupby(list(columns), sort=False, dropna=False, observed=True).ngroup().to_numpy(dtype=np.int64)
+    n_tuples = int(of_record.max()) + 1 if len(of_record) else 0
+    first_rows = np.full(n_tuples, len(frame), dtype=np.int64)
+    np.minimum.at(first_rows, of_record, np.arange(len(frame), dtype=np.int64))
+    histogram = TupleHistogram(
+        tuples=frame[list(columns)].iloc[first_rows].reset_index(drop=True),
+        weights=np.bincount(of_record, minlength=n_tuples).astype(np.int64),
+        first=positions[first_rows],
+        of_record=of_record,
+    )
+    for entry in sensitive:
+        column = _column(entry)
+        numeric = _numeric(entry)
+        histogram.values[column] = value_counts(frame[column], numeric)
+        if _declares(entry):
+            strings = value_strings(frame[column], numeric)
+            pairs = pd.DataFrame({TUPLE: of_record, VALUE: strings.to_numpy(dtype=object)})
+            histogram.pairs[column] = pairs.groupby([TUPLE, VALUE], sort=True).size().rename(RECORDS).reset_index()
+    for quasi in e_quasis:
+        values = np.clip(frame[quasi.column].to_numpy(dtype=np.float64), quasi.lower, quasi.upper)
+        low = np.full(n_tuples, np.inf)
+        high = np.full(n_tuples, -np.inf)
+        np.minimum.at(low, of_record, values)
+        np.maximum.at(high, of_record, values)
+        histogram.extremes[quasi.column] = (low, high)
+    return histogram
+
+
+def merge_histograms(parts: list[TupleHistogram], columns: list[str]) -> TupleHistogram:
+    """The histogram of the union of disjoint tables from theirs: counts added, first positions and
+    extremes reduced, tuples in order of first occurrence. Equal to the histogram of the whole table."""
+    parts = [part for part in parts if len(part)] or parts[:1]
+    stacked = pd.concat([part.tuples for part in parts], ignore_index=True)
+    group = stacked.groupby(list(columns), sort=False, dropna=False, observed=True).ngroup().to_numpy(dtype=np.int64)
+    n_tuples = int(group.max()) + 1 if len(group) else 0
+    first_stacked = np.concatenate([part.first for part in parts])
+    first = np.full(n_tuples, np.iinfo(np.int64).max, dtype=np.int64)
+    np.minimum.at(first, group, first_stacked)
+    weights = np.bincount(group, weights=np.concatenate([part.weights for part in parts]), minlength=n_tuples)
+    # Renumber the merged tuples by first position (the order of first occurrence in the whole table).
+    order = np.argsort(first, kind="stable")
+    renumber = np.empty(n_tuples, dtype=np.int64)
+    renumber[order] = np.arange(n_tuples)
+    tuple_of_stacked = renumber[group]
+    representative = np.full(n_tuples, len(stacked), dtype=np.int64)
+    np.minimum.at(representative, tuple_of_stacked, np.arange(len(stacked), dtype=np.int64))
+    merged = TupleHistogram(
+        tuples=stacked.iloc[representative].reset_index(drop=True),
+        weights=np.rint(weights[order]).astype(np.int64),
+        first=first[order],
+    )
+    offsets = np.cumsum([0] + [len(part) for part in parts])
+    for column in parts[0].values:
+        merged.values[column] = _add_counts([part.values[column] for part in parts])
+    for column in parts[0].pairs:
+        tables = [
+            part.pairs[column].assign(**{TUPLE: tuple_of_stacked[offset + part.pairs[column][TUPLE].to_numpy()]})
+            for part, offset in zip(parts, offsets)
+        ]
+        merged.pairs[column] = (
+            pd.concat(tables, ignore_index=True).groupby([TUPLE, VALUE], sort=True)[RECORDS].sum().reset_index()
+        )
+    for column in parts[0].extremes:
+        low = np.full(n_tuples, np.inf)
+        high = np.full(n_tuples, -np.inf)
+        np.minimum.at(low, tuple_of_stacked, np.concatenate([part.extremes[column][0] for part in parts]))
+        np.maximum.at(high, tuple_of_stacked, np.concatenate([part.extremes[column][1] for part in parts]))
+        merged.extremes[column] = (low, high)
+    return merged
+
+
+def _add_counts(counts: list[pd.Series]) -> pd.Series:
+    """Value counts added up over partitions (records per value string)."""
+    stacked = pd.concat(counts)
+    return stacked.groupby(level=0, sort=False).sum().astype(np.int64)
+
+
+def pair_codes(histogram: TupleHistogram, criterion) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    """A declared criterion's (tuple, domain code, records) pairs, as the anonymisers count them.
+
+    Refuses (like ``ColumnCriteria.codes``) a value outside the criterion's domain, by count.
+    """
+    pairs = histogram.pairs[criterion.column]
+    codes = criterion.index.get_indexer(pairs[VALUE].to_numpy(dtype=object))
+    records = pairs[RECORDS].to_numpy(dtype=np.int64)
+    if (codes < 0).any():
+        raise InputError(
+            criterion.column, f"{int(records[codes < 0].sum())} value(s) are outside the sensitive column's domain"
+        )
+    return pairs[TUPLE].to_numpy(dtype=np.int64), codes.astype(np.int64), records

@@ -1,0 +1,86 @@
+"""The histogram of distinct k-quasi tuples: added up over partitions it equals the whole table's, and the
+anonymisers give the same classes from it as from the records."""
+
+import numpy as np
+import pandas as pd
+import pytest
+
+from kepsilon.engine.anonymise import histogram_of, k_anonymise, k_anonymise_histogram
+from kepsilon.engine.histogram import merge_histograms
+from kepsilon.flows.spec import ReleaseSpec
+from kepsilon.tasks.classify import classify
+from kepsilon.tasks.ingest import read_source
+
+from .conftest import release_spec_dict
+
+
+def _spec(name: str, **changes) -> ReleaseSpec:
+    return ReleaseSpec.model_validate(release_spec_dict(name, **changes))
+
+
+def _with_criteria(spec: ReleaseSpec, criteria: dict) -> ReleaseSpec:
+    data = spec.model_dump()
+    last = data["roles"]["sensitive"][-1]
+    data["roles"]["sensitive"][-1] = {"column": last if isinstance(last, str) else last["column"], **criteria}
+    return ReleaseSpec.model_validate(data)
+
+
+@pytest.fixture(scope="module")
+def sample():
+    spec = _spec("paper-synthetic")
+    return classify(read_source(spec.source).frame, spec).frame, spec
+
+
+def _cuts(n: int, parts: int, seed: int) -> list[int]:
+    inner = np.sort(np.random.default_rng(seed).choice(np.arange(1, n), size=parts - 1, replace=False))
+    return [0, *inner.tolist(), n]
+
+
+def _partial_histograms(frame: pd.DataFrame, spec: ReleaseSpec, parts: int, seed: int):
+    cuts = _cuts(len(frame), parts, seed)
+    pieces = [frame.iloc[start:end] for start, end in zip(cuts[:-1], cuts[1:])]
+    return [histogram_of(piece, spec, positions=piece.index.to_numpy(), extremes=True) for piece in pieces]
+
+
+def _assert_same_histogram(merged, whole) -> None:
+    pd.testing.assert_frame_equal(merged.tuples, whole.tuples)
+    assert np.array_equal(merged.weights, whole.weights) and np.array_equal(merged.first, whole.first)
+    assert set(merged.values) == set(whole.values) and set(merged.pairs) == set(whole.pairs)
+    for column in whole.values:
+        pd.testing.assert_series_equal(merged.values[column].sort_index(), whole.values[column].sort_index())
+    for column in whole.pairs:
+        pd.testing.assert_frame_equal(merged.pairs[column], whole.pairs[column])
+    for column, (low, high) in whole.extremes.items():
+        assert np.array_equal(merged.extremes[column][0], low) and np.array_equal(merged.extremes[column][1], high)
+
+
+@pytest.mark.parametrize("parts", [2, 7])
+def test_partial_histograms_add_up_to_the_whole_tables(sample, parts):
+    frame, spec = sample
+    spec = _with_criteria(spec, {"l_diversity": {"l": 2}})
+    whole = histogram_of(frame, spec, extremes=True)
+    merged = merge_histograms(_partial_histograms(frame, spec, parts, seed=parts), [q.column for q in spec.roles.k_quasi])
+    _assert_same_histogram(merged, whole)
+    assert merged.records == len(frame) and whole.pairs  # the criterion's pairs were counted
+
+
+@pytest.mark.parametrize(
+    "algorithm, criteria",
+    [("mondrian", None), ("mondrian", {"t_closeness": {"t": 0.3}}), ("ola", None), ("ola", {"l_diversity": {"l": 2}})],
+)
+def test_the_anonymisers_give_the_records_classes_from_the_added_up_histogram(sample, algorithm, criteria):
+    frame, spec = sample
+    spec = spec.model_copy(update={"algorithm": algorithm})
+    if criteria:
+        spec = _with_criteria(spec, criteria)
+    partition = k_anonymise(frame, spec)
+    columns = [q.column for q in spec.roles.k_quasi]
+    merged = merge_histograms(_partial_histograms(frame, spec, 5, seed=11), columns)
+    classes = k_anonymise_histogram(merged, spec).classes
+    # Map each record to its tuple in the merged histogram, as the partitioned path does.
+    index = pd.MultiIndex.from_frame(merged.tuples)
+    tuple_of_record = index.get_indexer(pd.MultiIndex.from_frame(frame[columns]))
+    assert (tuple_of_record >= 0).all()
+    assert np.array_equal(classes.class_of_tuple[tuple_of_record], partition.class_ids)
+    assert classes.report == partition.report
+    assert partition.report["n_classes"] > 10
