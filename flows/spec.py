@@ -33,7 +33,9 @@ class SourceSpec(BaseModel):
 
     model_config = _STRICT
 
-    path: str = Field(description="CSV or Parquet file, relative to the spec file or absolute")
+    path: str = Field(
+        description="CSV or Parquet file, or a folder of Parquet files (a dataset), relative to the spec file or absolute"
+    )
     format: SourceFormat | SkipJsonSchema[None] = Field(default=None, description="csv or parquet; inferred from the suffix if empty")
     delimiter: str = Field(default=",", min_length=1, max_length=1, description="CSV field separator")
     header: bool = Field(default=True, description="whether the CSV's first line names the columns")
@@ -55,6 +57,8 @@ class SourceSpec(BaseModel):
     def resolved_format(self) -> SourceFormat:
         if self.format is not None:
             return self.format
+        if Path(self.path).is_dir():
+            return SourceFormat.parquet  # a folder is read as a Parquet dataset (its *.parquet files)
         suffix = Path(self.path).suffix.lower()
         if suffix == ".parquet":
             return SourceFormat.parquet
@@ -291,6 +295,43 @@ class DPSettings(BaseModel):
             raise ValueError("give either `node` (fixed) or `search` (DP search), not both and not neither")
         return self
 
+class Execution(BaseModel):
+    """Where a release runs: in one process (``memory``), or partitioned on a Dask cluster (``dask``).
+
+    Not part of what a release *is*: the two engines publish the same values in the same order for the
+    same seed, so ``execution`` is left out of the spec's hash (a release resumed on the other engine is
+    the same logical release).
+    """
+
+    model_config = _STRICT
+
+    engine: Literal["memory", "dask"] = Field(
+        default="memory",
+        description="memory: the whole table in one process; dask: partition by partition on a Dask cluster, "
+        "for tables larger than one machine's memory",
+    )
+    partitions: Annotated[int, Field(ge=1, le=100_000)] | SkipJsonSchema[None] = Field(
+        default=None,
+        description="dask: how many partitions the table is processed in; default one per 64 MB of CSV or "
+        "500,000 Parquet records",
+    )
+    scheduler: str = Field(
+        default="",
+        description="dask: address of an existing Dask scheduler (e.g. tcp://10.0.0.5:8786); empty: a local "
+        "cluster of `workers` processes on this machine, started and stopped with the run",
+    )
+    workers: int = Field(default=2, ge=1, le=1024, description="dask: worker processes of the local cluster")
+    csv: bool = Field(
+        default=False,
+        description="dask: also write data.csv (one file, in the published order) beside the Parquet dataset; "
+        "the memory engine always writes it",
+    )
+    scratch: str = Field(
+        default="",
+        description="dask: folder for the intermediate partitions (private data, removed after the run); "
+        "empty: a hidden folder beside the output; on a cluster, a folder every worker can reach",
+    )
+
 
 class ReleaseSpec(BaseModel):
     """Everything that defines one governed (k,ε)-anonymised release."""
@@ -353,6 +394,9 @@ class ReleaseSpec(BaseModel):
     approval_required: bool = Field(
         default=False, description="two-person rule: refuse the release without an approval by someone other than the operator"
     )
+    execution: Execution = Field(
+        default=Execution(), description="where the release runs (not part of the release's identity)"
+    )
 
     @field_validator("epsilon")
     @classmethod
@@ -399,10 +443,11 @@ class ReleaseSpec(BaseModel):
     def spec_hash(self) -> str:
         """SHA-256 of the canonical JSON of what defines the release's content.
 
-        The operator and the output folder are left out: a rerun by another operator, or into a
-        corrected output folder, is the same logical release (one spend, one noise draw).
+        The operator, the output folder and the execution engine are left out: a rerun by another
+        operator, into a corrected output folder, or on the other engine (which publishes the same values)
+        is the same logical release (one spend, one noise draw).
         """
-        content = _without_new_defaults(self.model_dump(mode="json", exclude={"operator", "output_dir"}))
+        content = _without_new_defaults(self.model_dump(mode="json", exclude={"operator", "output_dir", "execution"}))
         canonical = json.dumps(content, sort_keys=True, separators=(",", ":"))
         return hashlib.sha256(canonical.encode()).hexdigest()
 
@@ -591,7 +636,8 @@ def parse_spec(raw: dict) -> ReleaseSpec:
 def resolve_paths(spec: ReleaseSpec, base: Path) -> ReleaseSpec:
     """A copy of the spec whose paths are all absolute, relative ones taken from ``base``.
 
-    One rule for every path a spec file holds (the source, each hierarchy file, ``output_dir``): it
+    One rule for every path a spec file holds (the source, each hierarchy file, ``output_dir``, the
+    Dask engine's ``scratch``): it
     is relative to the spec file, so a spec means the same wherever it is run from. A spec given
     directly as the flow's parameter (a deployment, the UI form) has no file: its relative paths are
     taken from the flow's working directory (for the deployments, the project root).
@@ -606,6 +652,8 @@ def resolve_paths(spec: ReleaseSpec, base: Path) -> ReleaseSpec:
     data = spec.model_dump()
     data["source"]["path"] = absolute(data["source"]["path"])
     data["output_dir"] = absolute(data["output_dir"])
+    if data["execution"]["scratch"]:
+        data["execution"]["scratch"] = absolute(data["execution"]["scratch"])
     for quasi in data["roles"]["k_quasi"] + data["roles"]["e_quasi"]:
         if isinstance(quasi["hierarchy"], str):
             quasi["hierarchy"] = absolute(quasi["hierarchy"])

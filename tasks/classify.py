@@ -5,6 +5,11 @@ This is the gate before any budget is touched: everything the later stages would
 a quasi-identifier, a type data.csv cannot carry, k larger than the table) is refused here, so a bad
 input never reserves ε.
 
+Every check counts first and refuses afterwards (``classify_findings``, then ``refuse_findings``), so a
+table processed in partitions (``tasks/partitioned.py``) adds up each partition's counts with
+``Findings.add`` and refuses exactly what ``classify`` would refuse on the whole table, in the same order
+and with the same counts.
+
 It is also where the spec, not a parser, decides what the values mean, role by role. A value is
 missing when it is a CSV cell whose exact text is listed in ``source.missing`` (default: the empty
 cell) or a Parquet null. Then:
@@ -20,7 +25,7 @@ cell) or a Parquet null. Then:
 
 import ipaddress
 import re
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 import numpy as np
 import pandas as pd
@@ -31,7 +36,7 @@ from prefect.cache_policies import NO_CACHE
 from kepsilon.flows.spec import ReleaseSpec, Roles, SourceFormat
 
 from .errors import InputError, SpecError
-from .values import arrow_type, cell_texts, parse_numbers, unpublishable_reason
+from .values import arrow_type, cell_texts, non_number_count, parse_numbers, refuse_non_numbers, unpublishable_reason
 
 
 @dataclass(frozen=True)
@@ -56,15 +61,24 @@ def check_roles(columns: list[str], roles: Roles) -> None:
             )
 
 
+_NON_NUMERIC = "ε-quasi values must be numeric; the column holds non-numeric values"
+
+
 def check_e_quasi_values(frame: pd.DataFrame, column: str) -> None:
     """An ε-quasi must be numeric and finite in every record: noise on NaN or text is meaningless."""
-    values = frame[column]
+    refuse_non_finite(column, non_finite_count(frame[column], column))
+
+
+def non_finite_count(values: pd.Series, column: str) -> int:
+    """Records of a numeric column that are missing, NaN or ±inf; a non-numeric column is refused."""
     if not (pd.api.types.is_numeric_dtype(values) and not pd.api.types.is_bool_dtype(values)):
-        raise InputError(column, "ε-quasi values must be numeric; the column holds non-numeric values")
-    array = values.to_numpy(dtype=np.float64, na_value=np.nan)
-    bad = ~np.isfinite(array)
-    if bad.any():
-        raise InputError(column, f"ε-quasi values must be finite; {int(bad.sum())} record(s) are missing, NaN or ±inf")
+        raise InputError(column, _NON_NUMERIC)
+    return int((~np.isfinite(values.to_numpy(dtype=np.float64, na_value=np.nan))).sum())
+
+
+def refuse_non_finite(column: str, count: int) -> None:
+    if count:
+        raise InputError(column, f"ε-quasi values must be finite; {count} record(s) are missing, NaN or ±inf")
 
 
 def check_e_quasi_bounds(frame: pd.DataFrame, quasi) -> None:
@@ -74,14 +88,22 @@ def check_e_quasi_bounds(frame: pd.DataFrame, quasi) -> None:
     outside them is either an error in the data or an outlier the steward must decide about. The
     count is given, never the values.
     """
+    refuse_outside_bounds(quasi, outside_bounds_count(frame[quasi.column], quasi))
+
+
+def outside_bounds_count(values: pd.Series, quasi) -> int:
+    """Records outside the ε-quasi's public bounds (0 when the spec clamps them)."""
     if quasi.out_of_bounds == "clamp":
-        return
-    values = frame[quasi.column].to_numpy(dtype=np.float64, na_value=np.nan)
-    outside = int(((values < quasi.lower) | (values > quasi.upper)).sum())
-    if outside:
+        return 0
+    numbers = values.to_numpy(dtype=np.float64, na_value=np.nan)
+    return int(((numbers < quasi.lower) | (numbers > quasi.upper)).sum())
+
+
+def refuse_outside_bounds(quasi, count: int) -> None:
+    if count:
         raise InputError(
             quasi.column,
-            f"{outside} record(s) lie outside the public bounds [{quasi.lower:g}, {quasi.upper:g}]; "
+            f"{count} record(s) lie outside the public bounds [{quasi.lower:g}, {quasi.upper:g}]; "
             "correct them, widen the bounds, or set out_of_bounds: clamp",
         )
 
@@ -89,10 +111,12 @@ def check_e_quasi_bounds(frame: pd.DataFrame, quasi) -> None:
 def check_k_quasi_values(frame: pd.DataFrame, column: str, missing: np.ndarray | None = None) -> None:
     """A k-quasi may not be missing: an absent value cannot be generalised or grouped honestly."""
     absent = frame[column].isna().to_numpy(dtype=bool) if missing is None else missing
-    if absent.any():
-        raise InputError(
-            column, f"k-quasi has {int(absent.sum())} missing value(s); fill or remove them before release"
-        )
+    refuse_k_quasi_missing(column, int(absent.sum()))
+
+
+def refuse_k_quasi_missing(column: str, count: int) -> None:
+    if count:
+        raise InputError(column, f"k-quasi has {count} missing value(s); fill or remove them before release")
 
 
 def missing_values(values: pd.Series, missing_texts: list[str] | None) -> np.ndarray:
@@ -172,24 +196,69 @@ def _looks_like(reason: str, value: str) -> bool:
     return bool(_PATTERNS[reason].match(value))
 
 
+_PATTERN_REASONS = ("email", "url", "ip_address", "national_id", "phone")
+
+
+@dataclass
+class IdentifierEvidence:
+    """What identifier detection needs of a column, in counts that add up over partitions.
+
+    ``present``: non-missing records; ``matched``: per pattern, the records whose value matches it;
+    ``distinct``: distinct non-missing values (one table), or ``hashes``: the distinct values' 64-bit
+    hashes (a partition; their union counts the table's distinct values, up to a hash collision,
+    probability about d²/2⁶⁵ for d distinct values).
+    """
+
+    present: int
+    matched: dict[str, int]
+    distinct: int | None = None
+    hashes: np.ndarray | None = field(default=None, repr=False)
+
+    def add(self, other: "IdentifierEvidence") -> "IdentifierEvidence":
+        hashes = None
+        if self.hashes is not None and other.hashes is not None:
+            hashes = np.union1d(self.hashes, other.hashes)
+        return IdentifierEvidence(
+            self.present + other.present,
+            {reason: self.matched[reason] + other.matched[reason] for reason in self.matched},
+            None,
+            hashes,
+        )
+
+    def distinct_values(self) -> int:
+        return self.distinct if self.distinct is not None else len(self.hashes)
+
+    def reasons(self, near_unique: bool = True) -> list[str]:
+        """The reasons the evidence gives (see :func:`identifier_reasons`)."""
+        if self.present == 0:
+            return []
+        reasons = [reason for reason in _PATTERN_REASONS if self.matched[reason] >= IDENTIFIER_SHARE * self.present]
+        if near_unique and self.present >= NEAR_UNIQUE_MIN_ROWS and self.distinct_values() > NEAR_UNIQUE_RATIO * self.present:
+            reasons.append("near_unique")
+        return reasons
+
+
+def identifier_evidence(values: pd.Series, exact: bool = True) -> IdentifierEvidence:
+    """The column's :class:`IdentifierEvidence`: its distinct count when ``exact`` (a whole table), else
+    the hashes of its distinct values (a partition). Text columns are matched against the patterns."""
+    present = values.dropna()
+    matched = dict.fromkeys(_PATTERN_REASONS, 0)
+    texts = _texts(present)
+    if texts is not None and len(texts):
+        counts = texts.str.strip().value_counts()
+        for reason in _PATTERN_REASONS:
+            matched[reason] = int(counts[[_looks_like(reason, value) for value in counts.index]].sum())
+    if exact:
+        return IdentifierEvidence(len(present), matched, distinct=int(present.nunique()))
+    hashes = np.unique(pd.util.hash_pandas_object(present, index=False).to_numpy(dtype=np.uint64))
+    return IdentifierEvidence(len(present), matched, hashes=hashes)
+
+
 def identifier_reasons(values: pd.Series, near_unique: bool = True) -> list[str]:
     """Why a column looks like a direct identifier: pattern kinds matched by at least IDENTIFIER_SHARE of
     its non-missing records, and ``near_unique`` (when asked). Text columns are matched against the
     patterns. Returns reasons only, never a value."""
-    present = values.dropna()
-    if len(present) == 0:
-        return []
-    reasons = []
-    texts = _texts(present)
-    if texts is not None and len(texts):
-        counts = texts.str.strip().value_counts()
-        for reason in ("email", "url", "ip_address", "national_id", "phone"):
-            matched = counts[[_looks_like(reason, value) for value in counts.index]].sum()
-            if matched >= IDENTIFIER_SHARE * len(present):
-                reasons.append(reason)
-    if near_unique and len(present) >= NEAR_UNIQUE_MIN_ROWS and present.nunique() > NEAR_UNIQUE_RATIO * len(present):
-        reasons.append("near_unique")
-    return reasons
+    return identifier_evidence(values).reasons(near_unique)
 
 
 def _texts(values: pd.Series) -> pd.Series | None:
@@ -219,10 +288,17 @@ def check_identifiers(frame: pd.DataFrame, roles: Roles) -> None:
     """Refuse a released column (any role but explicit) that looks like a direct identifier, unless the
     spec acknowledges that reason for it (``acknowledge_identifier``). The error names the column and the
     reason, never a value."""
+    names = roles.names()
+    columns = names["k_quasi"] + names["e_quasi"] + names["sensitive"]
+    refuse_identifiers({column: identifier_evidence(frame[column]) for column in columns}, roles)
+
+
+def refuse_identifiers(evidence: dict[str, IdentifierEvidence], roles: Roles) -> None:
+    """:func:`check_identifiers` on each released column's evidence (ε-quasis exempt from near-uniqueness)."""
     acknowledged = roles.acknowledged_identifiers()
     names = roles.names()
     for column in names["k_quasi"] + names["e_quasi"] + names["sensitive"]:
-        reasons = identifier_reasons(frame[column], near_unique=column not in names["e_quasi"])
+        reasons = evidence[column].reasons(near_unique=column not in names["e_quasi"])
         unacknowledged = [r for r in reasons if r not in acknowledged.get(column, set())]
         if unacknowledged:
             reason = unacknowledged[0]
@@ -233,37 +309,144 @@ def check_identifiers(frame: pd.DataFrame, roles: Roles) -> None:
             )
 
 
+@dataclass
+class Findings:
+    """Everything ``classify`` refuses a table for, as counts: of a whole table, or of a partition
+    (partitions' findings add up with :meth:`add`). Nothing in it is a data value."""
+
+    rows: int
+    unpublishable: dict[str, str]  # column -> reason its type cannot be published
+    identifiers: dict[str, IdentifierEvidence]
+    k_missing: dict[str, int]
+    e_missing: dict[str, int]
+    e_non_numeric: dict[str, bool]  # the column's type is not a number (nor text to parse)
+    e_not_numbers: dict[str, int]  # texts that are not plain decimal numbers
+    e_non_finite: dict[str, int]
+    e_outside: dict[str, int]
+
+    def add(self, other: "Findings") -> "Findings":
+        def total(a: dict, b: dict) -> dict:
+            return {key: a.get(key, 0) + b.get(key, 0) for key in {**a, **b}}
+
+        return Findings(
+            rows=self.rows + other.rows,
+            unpublishable={**other.unpublishable, **self.unpublishable},
+            identifiers={
+                column: self.identifiers[column].add(other.identifiers[column]) if column in other.identifiers
+                else self.identifiers[column]
+                for column in self.identifiers
+            } | {column: e for column, e in other.identifiers.items() if column not in self.identifiers},
+            k_missing=total(self.k_missing, other.k_missing),
+            e_missing=total(self.e_missing, other.e_missing),
+            e_non_numeric={key: self.e_non_numeric.get(key, False) or other.e_non_numeric.get(key, False)
+                           for key in {**self.e_non_numeric, **other.e_non_numeric}},
+            e_not_numbers=total(self.e_not_numbers, other.e_not_numbers),
+            e_non_finite=total(self.e_non_finite, other.e_non_finite),
+            e_outside=total(self.e_outside, other.e_outside),
+        )
+
+
+def classify_findings(frame: pd.DataFrame, spec: ReleaseSpec, exact: bool = True) -> tuple[pd.DataFrame, Findings]:
+    """Apply the spec's roles to ``frame`` (a table or a partition of one) and count what ``classify``
+    refuses, without refusing: the frame without its explicit identifiers, its k-quasis as text, its
+    ε-quasis as float64 and its missing sensitive cells as nulls — as far as the counts allow (a column
+    that will be refused is left as it came) — and the :class:`Findings`. ``exact``: count distinct
+    values exactly (a whole table) or by hash (a partition). The roles must be checked first
+    (``check_roles``)."""
+    names = spec.roles.names()
+    missing_texts = list(spec.source.missing) if _is_csv(spec) else None
+    frame = frame.drop(columns=names["explicit"])
+    findings = Findings(len(frame), {}, {}, {}, {}, {}, {}, {}, {})
+    generalised, noised = _generalised_and_noised(spec)
+    for column in [*generalised, *names["sensitive"]]:
+        reason = unpublishable_reason(frame[column].dtype)
+        if reason:
+            findings.unpublishable[column] = reason
+    for column in names["k_quasi"] + names["e_quasi"] + names["sensitive"]:
+        if column not in findings.unpublishable:
+            findings.identifiers[column] = identifier_evidence(frame[column], exact)
+    for column in generalised:
+        absent = missing_values(frame[column], missing_texts)
+        findings.k_missing[column] = int(absent.sum())
+        if column not in findings.unpublishable:
+            frame[column] = k_quasi_texts(frame[column])
+    for quasi in noised:
+        _count_e_quasi(frame, quasi, missing_texts, findings)
+    for column in names["sensitive"]:
+        if missing_texts is not None and isinstance(frame[column].dtype, pd.StringDtype):
+            frame[column] = frame[column].mask(missing_values(frame[column], missing_texts))
+    return frame, findings
+
+
+def _generalised_and_noised(spec: ReleaseSpec) -> tuple[list[str], list]:
+    """The columns generalised through a hierarchy (as text) and the ε-quasis noised (as numbers).
+
+    The DP mode generalises its ε-quasis through a hierarchy, as text, like the k-quasis.
+    """
+    names = spec.roles.names()
+    if spec.privacy_model == "dp":
+        return [*names["k_quasi"], *names["e_quasi"]], []
+    return list(names["k_quasi"]), list(spec.roles.e_quasi)
+
+
+def _count_e_quasi(frame: pd.DataFrame, quasi, missing_texts, findings: Findings) -> None:
+    """Count one ε-quasi's missing, non-number, non-finite and out-of-bounds records, converting it to
+    float64 when it has no missing value and no text that is not a number."""
+    column = quasi.column
+    values = frame[column]
+    findings.e_missing[column] = int(missing_values(values, missing_texts).sum())
+    findings.e_non_numeric[column] = False
+    if findings.e_missing[column]:
+        return
+    if _is_text(values):
+        findings.e_not_numbers[column] = non_number_count(values)
+        if findings.e_not_numbers[column]:
+            return
+    try:
+        frame[column] = e_quasi_numbers(values, column)
+        findings.e_non_finite[column] = non_finite_count(frame[column], column)
+    except InputError:  # a type that is neither a number nor text
+        findings.e_non_numeric[column] = True
+        return
+    findings.e_outside[column] = outside_bounds_count(frame[column], quasi)
+
+
+def _is_text(values: pd.Series) -> bool:
+    return isinstance(values.dtype, pd.StringDtype) or values.dtype == object or _is_arrow_text(values.dtype)
+
+
+def refuse_findings(findings: Findings, spec: ReleaseSpec) -> None:
+    """Raise the first error ``classify`` raises for a table with these findings (none if it passes)."""
+    names = spec.roles.names()
+    generalised, noised = _generalised_and_noised(spec)
+    for column in [*generalised, *names["sensitive"]]:
+        if column in findings.unpublishable:
+            raise InputError(
+                column, f"{findings.unpublishable[column]}; release it in another type or remove it (role explicit)"
+            )
+    refuse_identifiers(findings.identifiers, spec.roles)
+    for column in generalised:
+        refuse_k_quasi_missing(column, findings.k_missing.get(column, 0))
+    for quasi in noised:
+        column = quasi.column
+        if findings.e_missing.get(column, 0):
+            raise InputError(column, f"ε-quasi values must be finite; {findings.e_missing[column]} record(s) are missing")
+        refuse_non_numbers(column, findings.e_not_numbers.get(column, 0))
+        if findings.e_non_numeric.get(column):
+            raise InputError(column, _NON_NUMERIC)
+        refuse_non_finite(column, findings.e_non_finite.get(column, 0))
+        refuse_outside_bounds(quasi, findings.e_outside.get(column, 0))
+    if spec.k > findings.rows:
+        raise SpecError("k", f"k = {spec.k} is larger than the table ({findings.rows} records)")
+
+
 def classify(frame: pd.DataFrame, spec: ReleaseSpec) -> ClassifiedTable:
     """Apply the spec's roles: validate the columns, refuse direct identifiers, decide what is missing and
     what is a number per role (module docstring), drop the explicit identifiers."""
     check_roles([str(c) for c in frame.columns], spec.roles)
-    names = spec.roles.names()
-    missing_texts = list(spec.source.missing) if _is_csv(spec) else None
-    frame = frame.drop(columns=names["explicit"])
-    # The DP mode generalises its ε-quasis through a hierarchy, as text, like the k-quasis.
-    dp_mode = spec.privacy_model == "dp"
-    generalised = [*names["k_quasi"], *(names["e_quasi"] if dp_mode else [])]
-    for column in [*generalised, *names["sensitive"]]:
-        reason = unpublishable_reason(frame[column].dtype)
-        if reason:
-            raise InputError(column, f"{reason}; release it in another type or remove it (role explicit)")
-    check_identifiers(frame, spec.roles)
-    for column in generalised:
-        check_k_quasi_values(frame, column, missing_values(frame[column], missing_texts))
-        frame[column] = k_quasi_texts(frame[column])
-    for quasi in [] if dp_mode else spec.roles.e_quasi:
-        absent = int(missing_values(frame[quasi.column], missing_texts).sum())
-        if absent:
-            raise InputError(quasi.column, f"ε-quasi values must be finite; {absent} record(s) are missing")
-        frame[quasi.column] = e_quasi_numbers(frame[quasi.column], quasi.column)
-        check_e_quasi_values(frame, quasi.column)
-        check_e_quasi_bounds(frame, quasi)
-    for column in names["sensitive"]:
-        if missing_texts is not None and isinstance(frame[column].dtype, pd.StringDtype):
-            frame[column] = frame[column].mask(missing_values(frame[column], missing_texts))
-    if spec.k > len(frame):
-        raise SpecError("k", f"k = {spec.k} is larger than the table ({len(frame)} records)")
-    return ClassifiedTable(frame=frame, roles=names)
+    classified, findings = classify_findings(frame, spec)
+    refuse_findings(findings, spec)
+    return ClassifiedTable(frame=classified, roles=spec.roles.names())
 
 
 def _is_csv(spec: ReleaseSpec) -> bool:

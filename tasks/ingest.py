@@ -9,6 +9,13 @@ what they are; which cells are missing and which columns are numbers is decided 
 ``classify`` from the spec. A Parquet file keeps its Arrow schema: every column is held as a pandas
 ``ArrowDtype`` over the Arrow data (nullable integers, NaN distinct from null, dictionaries, decimals,
 dates, timestamps with their time zone).
+
+A folder is a Parquet dataset: its ``*.parquet`` files (hidden ones, starting with ``.`` or ``_``,
+left out), in the order of their names, are one table, all with the same schema. Its fingerprint is
+the SHA-256 over, file after file, the name, a NUL byte, the length as 8 bytes big-endian and the bytes
+(``dataset_sha256``), so renaming, reordering or changing any file changes it. The partitioned path
+(``tasks/sources.py``) reads pieces of the same sources with the same parsing functions, so both paths
+see the same values.
 """
 
 import csv
@@ -48,13 +55,12 @@ def read_source(source: SourceSpec) -> SourceTable:
 
     Refused with an ``InputError``: a missing or unreadable file, non-UTF-8 text, a CSV whose rows
     have more or fewer fields than the header (e.g. a truncated file), duplicate column names, an
-    empty table.
+    empty table; for a folder, one without Parquet files or whose files differ in schema.
     """
     path = Path(source.path)
-    try:
-        raw = path.read_bytes()
-    except OSError as exc:
-        raise InputError(None, f"cannot read {str(path)!r} ({exc.strerror})") from None
+    if path.is_dir():
+        return _read_dataset(path)
+    raw = read_file_bytes(path)
     digest = hashlib.sha256(raw).hexdigest()
     if source.resolved_format() is SourceFormat.parquet:
         frame = _parse_parquet(raw)
@@ -65,29 +71,59 @@ def read_source(source: SourceSpec) -> SourceTable:
     return SourceTable(frame=frame, sha256=digest, rows=len(frame), size=len(raw))
 
 
+def read_file_bytes(path: Path) -> bytes:
+    """The file's bytes; an unreadable file is refused by name with the system's reason."""
+    try:
+        return path.read_bytes()
+    except OSError as exc:
+        raise InputError(None, f"cannot read {str(path)!r} ({exc.strerror})") from None
+
+
 _BOM = "\ufeff"
 
 
 def _parse_csv(raw: bytes, source: SourceSpec) -> pd.DataFrame:
     """Every cell as its exact text (``str`` dtype); no cell is missing or converted here."""
-    try:
-        text = raw.decode("utf-8")
-    except UnicodeDecodeError as exc:
-        raise InputError(None, f"the file is not UTF-8 text (first bad byte at offset {exc.start})") from None
+    text = decode_text(raw)
     # Spreadsheet programs start a UTF-8 CSV with a byte-order mark; it is not part of the first name.
     if text.startswith(_BOM):
         text = text[len(_BOM) :]
         raw = raw[len(_BOM.encode("utf-8")) :]
+    names = column_names(text, source)
+    try:
+        frame = parse_csv_text(text, source, names, skip_header=source.header)
+    except pd.errors.EmptyDataError:
+        raise InputError(None, "the table has no records") from None
+    refuse_short_records(short_records(raw, source, names, skip_header=source.header))
+    return frame
+
+
+def decode_text(raw: bytes, offset: int = 0) -> str:
+    """The bytes as UTF-8 text; refused with the offset (in the file) of the first bad byte."""
+    try:
+        return raw.decode("utf-8")
+    except UnicodeDecodeError as exc:
+        raise InputError(None, f"the file is not UTF-8 text (first bad byte at offset {offset + exc.start})") from None
+
+
+def column_names(text: str, source: SourceSpec) -> list[str]:
+    """The CSV's column names: its header line, or the spec's ``columns``; duplicates refused."""
     header = None if not source.header else _header(text, source.delimiter)
     names = header if header is not None else list(source.columns or [])
     _refuse_duplicates(names)
+    return names
+
+
+def parse_csv_text(text: str, source: SourceSpec, names: list[str], skip_header: bool) -> pd.DataFrame:
+    """Records of CSV text (a whole file, or a piece of one that starts and ends with a record) as
+    exact cell texts. Raises pandas' ``EmptyDataError`` for text without a record."""
     try:
-        frame = pd.read_csv(
+        return pd.read_csv(
             io.StringIO(text),
             sep=source.delimiter,
             header=None,
             names=names,
-            skiprows=1 if source.header else 0,
+            skiprows=1 if skip_header else 0,
             on_bad_lines="error",
             skip_blank_lines=True,
             dtype=str,
@@ -97,14 +133,10 @@ def _parse_csv(raw: bytes, source: SourceSpec) -> pd.DataFrame:
     except pd.errors.ParserError as exc:
         # pandas' message gives a line number and field counts, never a value.
         raise InputError(None, f"malformed CSV: {exc}".strip()) from None
-    except pd.errors.EmptyDataError:
-        raise InputError(None, "the table has no records") from None
-    _refuse_short_records(raw, source, names)
-    return frame
 
 
-def _refuse_short_records(raw: bytes, source: SourceSpec, names: list[str]) -> None:
-    """Refuse records with fewer fields than the header.
+def short_records(raw: bytes, source: SourceSpec, names: list[str], skip_header: bool) -> list[int | None]:
+    """Line numbers (within ``raw``) of the records with fewer fields than the header.
 
     pandas pads a short record with NaN without a word, so a truncated file (last record cut
     mid-field) would be released with a shortened value; pyarrow's parser reports such rows.
@@ -119,16 +151,22 @@ def _refuse_short_records(raw: bytes, source: SourceSpec, names: list[str]) -> N
     try:
         arrow_csv.read_csv(
             io.BytesIO(raw),
-            read_options=arrow_csv.ReadOptions(column_names=names, skip_rows=1 if source.header else 0, use_threads=False),
+            read_options=arrow_csv.ReadOptions(column_names=names, skip_rows=1 if skip_header else 0, use_threads=False),
             parse_options=arrow_csv.ParseOptions(delimiter=source.delimiter, newlines_in_values=True, invalid_row_handler=note),
             convert_options=arrow_csv.ConvertOptions(column_types={name: pa.string() for name in names}),
         )
     except pa.ArrowInvalid:
-        return  # pandas has already parsed the file; its verdict stands
-    if short:
-        where = f" (first at line {short[0]})" if short[0] is not None else ""
+        return []  # pandas has already parsed the file; its verdict stands
+    return short
+
+
+def refuse_short_records(short: list[int | None], count: int | None = None) -> None:
+    """Refuse a table with short records: their number (``count``, default ``len(short)``) and the first line."""
+    count = len(short) if count is None else count
+    if count:
+        where = f" (first at line {short[0]})" if short and short[0] is not None else ""
         raise InputError(
-            None, f"{len(short)} record(s) have fewer fields than the header{where}; the file may be truncated"
+            None, f"{count} record(s) have fewer fields than the header{where}; the file may be truncated"
         )
 
 
@@ -148,18 +186,77 @@ def _refuse_duplicates(names: list[str]) -> None:
 
 
 def _parse_parquet(raw: bytes) -> pd.DataFrame:
-    """The Parquet table with its Arrow types kept: each column an ``ArrowDtype`` over the Arrow data.
+    """The Parquet table with its Arrow types kept: each column an ``ArrowDtype`` over the Arrow data."""
+    try:
+        table = pq.read_table(io.BytesIO(raw))
+    except Exception as exc:  # pyarrow raises many types; none carries data values worth keeping
+        raise InputError(None, f"not a readable Parquet file ({type(exc).__name__})") from None
+    return arrow_frame(table)
+
+
+def arrow_frame(table: pa.Table) -> pd.DataFrame:
+    """A Parquet table (or a piece of one) as a frame with its Arrow types kept.
 
     ``types_mapper`` takes precedence over pandas' own metadata, so a dictionary column stays a
     dictionary (not a Categorical) and a nullable integer stays an integer (not a float).
     """
     try:
-        table = pq.read_table(io.BytesIO(raw))
         frame = table.to_pandas(types_mapper=pd.ArrowDtype)
-    except Exception as exc:  # pyarrow raises many types; none carries data values worth keeping
+    except Exception as exc:  # see _parse_parquet
         raise InputError(None, f"not a readable Parquet file ({type(exc).__name__})") from None
     _refuse_duplicates([str(c) for c in frame.columns])
     return frame.reset_index(drop=True)
+
+
+def dataset_files(folder: Path) -> list[Path]:
+    """The Parquet files of a dataset folder, in the order of their names (hidden ones left out)."""
+    try:
+        files = sorted(
+            path for path in folder.iterdir()
+            if path.is_file() and path.suffix.lower() == ".parquet" and not path.name.startswith((".", "_"))
+        )
+    except OSError as exc:
+        raise InputError(None, f"cannot read {str(folder)!r} ({exc.strerror})") from None
+    if not files:
+        raise InputError(None, f"the folder {str(folder)!r} holds no .parquet file")
+    return files
+
+
+def dataset_sha256(entries) -> str:
+    """The fingerprint of a dataset: SHA-256 over each (name, bytes) in order (module docstring).
+
+    ``entries``: (file name, iterable of byte blocks) pairs, so large files are hashed as they stream.
+    """
+    digest = hashlib.sha256()
+    for name, blocks, length in entries:
+        digest.update(name.encode("utf-8") + b"\0" + int(length).to_bytes(8, "big"))
+        for block in blocks:
+            digest.update(block)
+    return digest.hexdigest()
+
+
+def same_schema(schemas: list[pa.Schema]) -> None:
+    """Refuse a dataset whose files differ in column names or types (metadata aside)."""
+    first = schemas[0]
+    if any(not schema.equals(first, check_metadata=False) for schema in schemas[1:]):
+        raise InputError(None, "the dataset's files differ in their columns or types")
+
+
+def _read_dataset(folder: Path) -> SourceTable:
+    """A Parquet dataset folder in memory: its files one after the other, as one table."""
+    files = dataset_files(folder)
+    contents = [read_file_bytes(path) for path in files]
+    digest = dataset_sha256((path.name, [raw], len(raw)) for path, raw in zip(files, contents))
+    try:
+        tables = [pq.read_table(io.BytesIO(raw)) for raw in contents]
+    except Exception as exc:  # see _parse_parquet
+        raise InputError(None, f"not a readable Parquet file ({type(exc).__name__})") from None
+    same_schema([table.schema for table in tables])
+    table = pa.concat_tables([table.replace_schema_metadata(tables[0].schema.metadata) for table in tables])
+    frame = arrow_frame(table)
+    if frame.empty:
+        raise InputError(None, "the table has no records")
+    return SourceTable(frame=frame, sha256=digest, rows=len(frame), size=sum(len(raw) for raw in contents))
 
 
 @task(name="ingest", cache_policy=NO_CACHE, persist_result=False)

@@ -130,10 +130,20 @@ def parse_numbers(texts: pd.Series, column: str) -> np.ndarray:
     """
     strings = texts.astype(str)
     parses = strings.str.fullmatch(_NUMBER.pattern).to_numpy(dtype=bool, na_value=False)
-    if not parses.all():
+    refuse_non_numbers(column, int((~parses).sum()))
+    return strings.to_numpy(dtype=object).astype(np.float64)
+
+
+def non_number_count(texts: pd.Series) -> int:
+    """How many of an ε-quasi's texts ``parse_numbers`` refuses (a partition's share of the count)."""
+    return int((~texts.astype(str).str.fullmatch(_NUMBER.pattern).to_numpy(dtype=bool, na_value=False)).sum())
+
+
+def refuse_non_numbers(column: str, count: int) -> None:
+    """The refusal of ``parse_numbers`` for ``count`` texts that are not plain decimal numbers."""
+    if count:
         raise InputError(
             column,
-            f"ε-quasi values must be plain decimal numbers; {int((~parses).sum())} record(s) are not "
+            f"ε-quasi values must be plain decimal numbers; {count} record(s) are not "
             "(digits, an optional sign, point and exponent; nothing else)",
         )
-    return strings.to_numpy(dtype=object).astype(np.float64)
