@@ -11,6 +11,8 @@ import subprocess
 from importlib import metadata
 from pathlib import Path
 
+import numpy as np
+
 import kepsilon
 from kepsilon.flows.spec import ReleaseSpec
 
@@ -348,7 +350,12 @@ def published_groups(frame, k_quasi: list[str], n_in: int) -> dict:
 
     ``discernibility`` charges every record removed at any stage ``n_in`` (private record only).
     """
-    sizes = frame.groupby(k_quasi, sort=False, dropna=False).size().to_numpy()
+    return groups_from_sizes(frame.groupby(k_quasi, sort=False, dropna=False).size().to_numpy(), n_in)
+
+
+def groups_from_sizes(sizes, n_in: int) -> dict:
+    """:func:`published_groups` from the published groups' sizes (any order), as a partitioned release counts them."""
+    sizes = np.asarray(sizes)
     removed = n_in - int(sizes.sum())
     return {
         "published": int(len(sizes)),

@@ -90,20 +90,23 @@ _CHECK_META_KEY = "kepsilon_check"
 # --------------------------------------------------------------------------- plain computations
 
 
-def smallest_group_size(frame: pd.DataFrame, columns: list[str]) -> int | None:
+def smallest_group_size(frame: pd.DataFrame, columns: list[str], weight_column: str | None = None) -> int | None:
     """Size of the smallest group of rows sharing their values on `columns`; None for no rows.
 
     Only columns present in `frame` are grouped on: an adversary can link only on published
     columns, so this is the k the published table really offers (a missing k-quasi column is a
     separate check). Missing values form their own group (``dropna=False``) — dropping them would
-    hide small groups. With no column to group on, the whole table is one group.
+    hide small groups. With no column to group on, the whole table is one group. With
+    ``weight_column``, each row stands for that many records (the partitioned path's table of
+    published groups and their sizes).
     """
     if len(frame) == 0:
         return None
-    present = [c for c in columns if c in frame.columns]
+    present = [c for c in columns if c in frame.columns and c != weight_column]
+    weights = frame[weight_column] if weight_column is not None else pd.Series(1, index=frame.index)
     if not present:
-        return len(frame)
-    sizes = frame.groupby(present, dropna=False, sort=False, observed=True).size()
+        return int(weights.sum())
+    sizes = weights.groupby([frame[c] for c in present], dropna=False, sort=False, observed=True).sum()
     return int(sizes.min())
 
 
@@ -128,7 +131,7 @@ class TableMinGroupSize(TableMetricProvider):
     """Metric: the smallest group size when rows are grouped by `group_columns` (a count, no values)."""
 
     metric_name = "table.kepsilon_min_group_size"
-    value_keys = ("group_columns",)
+    value_keys = ("group_columns", "weight_column")
 
     @metric_value(engine=PandasExecutionEngine)
     def _pandas(
@@ -142,7 +145,9 @@ class TableMinGroupSize(TableMetricProvider):
         frame, _, _ = execution_engine.get_compute_domain(
             metric_domain_kwargs, domain_type=MetricDomainTypes.TABLE
         )
-        return smallest_group_size(frame, list(metric_value_kwargs["group_columns"]))
+        return smallest_group_size(
+            frame, list(metric_value_kwargs["group_columns"]), metric_value_kwargs.get("weight_column")
+        )
 
 
 class TableGroupsMeetCriterion(TableMetricProvider):
@@ -150,7 +155,7 @@ class TableGroupsMeetCriterion(TableMetricProvider):
     `column` (a boolean, no values)."""
 
     metric_name = "table.kepsilon_groups_meet_criterion"
-    value_keys = ("group_columns", "column", "parameters")
+    value_keys = ("group_columns", "column", "parameters", "weight_column")
 
     @metric_value(engine=PandasExecutionEngine)
     def _pandas(
@@ -169,6 +174,7 @@ class TableGroupsMeetCriterion(TableMetricProvider):
             list(metric_value_kwargs["group_columns"]),
             metric_value_kwargs["column"],
             dict(metric_value_kwargs["parameters"]),
+            metric_value_kwargs.get("weight_column"),
         )
 
 
@@ -196,9 +202,10 @@ class ExpectColumnGroupsToHaveAtLeastKRows(BatchExpectation):
 
     group_columns: list[str]
     k: int
+    weight_column: str | None = None  # rows stand for this many records (an aggregated table)
 
     metric_dependencies: ClassVar[tuple[str, ...]] = ("table.kepsilon_min_group_size",)
-    success_keys: ClassVar[tuple[str, ...]] = ("group_columns", "k")
+    success_keys: ClassVar[tuple[str, ...]] = ("group_columns", "k", "weight_column")
     args_keys: ClassVar[tuple[str, ...]] = ("group_columns", "k")
 
     def _validate(self, metrics: dict, runtime_configuration: dict | None = None, execution_engine=None):
@@ -212,9 +219,10 @@ class _ExpectGroupsToMeetCriterion(BatchExpectation):
     group_columns: list[str]
     column: str
     parameters: dict
+    weight_column: str | None = None  # rows stand for this many records (an aggregated table)
 
     metric_dependencies: ClassVar[tuple[str, ...]] = ("table.kepsilon_groups_meet_criterion",)
-    success_keys: ClassVar[tuple[str, ...]] = ("group_columns", "column", "parameters")
+    success_keys: ClassVar[tuple[str, ...]] = ("group_columns", "column", "parameters", "weight_column")
     args_keys: ClassVar[tuple[str, ...]] = ("group_columns", "column", "parameters")
 
     def _validate(self, metrics: dict, runtime_configuration: dict | None = None, execution_engine=None):
@@ -235,9 +243,10 @@ class ExpectGroupsProsecutorRiskAtMost(BatchExpectation):
 
     group_columns: list[str]
     max_risk: float
+    weight_column: str | None = None  # rows stand for this many records (an aggregated table)
 
     metric_dependencies: ClassVar[tuple[str, ...]] = ("table.kepsilon_min_group_size",)
-    success_keys: ClassVar[tuple[str, ...]] = ("group_columns", "max_risk")
+    success_keys: ClassVar[tuple[str, ...]] = ("group_columns", "max_risk", "weight_column")
     args_keys: ClassVar[tuple[str, ...]] = ("group_columns", "max_risk")
 
     def _validate(self, metrics: dict, runtime_configuration: dict | None = None, execution_engine=None):

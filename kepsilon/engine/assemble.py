@@ -34,6 +34,16 @@ def assemble_release(
 
     All inputs are aligned row by row with ``kept`` (the records the anonymiser kept).
     """
+    shuffled = shuffle_records(merge_release_columns(released_quasis, kept, noisy, roles), order)
+    return shuffled[~removed[order]].reset_index(drop=True)
+
+
+def merge_release_columns(
+    released_quasis: pd.DataFrame, kept: pd.DataFrame, noisy: pd.DataFrame, roles: dict[str, list[str]]
+) -> pd.DataFrame:
+    """The columns to publish, in the source's column order: generalised k-quasis, noisy ε-quasis and
+    the other columns as they came, row by row with ``kept`` (same index). The partitioned path merges
+    each partition with it and orders the rows itself (by ``RecordStreams.order_keys``, then position)."""
     columns = [c for c in kept.columns if c not in set(roles["explicit"])]
     merged = pd.DataFrame(index=kept.index)
     # ``.array`` keeps each column's dtype (text, or the Arrow type read from Parquet); ``to_numpy``
@@ -45,5 +55,4 @@ def assemble_release(
             merged[column] = noisy[column].to_numpy()
         else:
             merged[column] = kept[column].array
-    shuffled = shuffle_records(merged, order)
-    return shuffled[~removed[order]].reset_index(drop=True)
+    return merged

@@ -394,12 +394,21 @@ def disclosure_report(frame: pd.DataFrame, group_columns: list[str], criteria: l
     holding a single value of at least one sensitive column, ``prosecutor_risk`` 1/smallest group.
     """
     groups, n_groups = published_group_ids(frame, group_columns)
+    counts = [
+        group_value_counts(groups, criterion.codes(frame[criterion.column]), n_groups, len(criterion.domain))
+        for criterion in criteria
+    ]
+    return disclosure_figures(np.bincount(groups, minlength=n_groups), counts, criteria)
+
+
+def disclosure_figures(sizes: np.ndarray, counts: list[np.ndarray], criteria: list[ColumnCriteria]) -> dict:
+    """:func:`disclosure_report` from the published groups' sizes and, per criterion, their value count
+    matrix (groups × domain), in any group order: what a partitioned release adds up."""
+    n_groups = len(sizes)
     per_column, homogeneous = {}, np.zeros(n_groups, dtype=bool)
-    for criterion in criteria:
-        counts = group_value_counts(groups, criterion.codes(frame[criterion.column]), n_groups, len(criterion.domain))
-        per_column[criterion.column] = criterion.achieved(counts)
-        homogeneous |= distinct_l(counts) == 1
-    sizes = np.bincount(groups, minlength=n_groups)
+    for criterion, matrix in zip(criteria, counts):
+        per_column[criterion.column] = criterion.achieved(matrix)
+        homogeneous |= distinct_l(matrix) == 1
     figures = [f for f in per_column.values() if f["l_distinct_min"] is not None]
     return {
         "l_diversity_min": min((f["l_distinct_min"] for f in figures), default=None),
@@ -466,10 +475,13 @@ def gate_parameters(criterion: ColumnCriteria) -> dict:
     return parameters
 
 
-def groups_meet(frame: pd.DataFrame, group_columns: list[str], column: str, parameters: dict) -> bool:
+def groups_meet(
+    frame: pd.DataFrame, group_columns: list[str], column: str, parameters: dict, weight_column: str | None = None
+) -> bool:
     """Whether every group of ``frame`` (rows sharing their ``group_columns`` values) meets the
     criteria in ``parameters`` on ``column``. Computed from the frame alone: the groups, their value
-    counts and their distributions are counted here, not taken from any anonymiser."""
+    counts and their distributions are counted here, not taken from any anonymiser. With
+    ``weight_column``, each row stands for that many records (a table aggregated by group and value)."""
     if len(frame) == 0:
         return True
     if column not in frame.columns:
@@ -478,10 +490,11 @@ def groups_meet(frame: pd.DataFrame, group_columns: list[str], column: str, para
     if not criterion.domain:  # ℓ-diversity only: the published values are the domain
         strings = value_strings(frame[column])
         criterion = criterion_from_parameters(column, {**parameters, "domain": sorted(strings.unique())})
-    groups, n_groups = published_group_ids(frame, [c for c in group_columns if c in frame.columns])
+    groups, n_groups = published_group_ids(frame, [c for c in group_columns if c in frame.columns and c != weight_column])
     try:
         codes = criterion.codes(frame[column])
     except InputError:
         return False  # a published value outside the input's domain: fail closed
-    counts = group_value_counts(groups, codes, n_groups, len(criterion.domain))
+    weights = None if weight_column is None else frame[weight_column].to_numpy(dtype=np.float64)
+    counts = group_value_counts(groups, codes, n_groups, len(criterion.domain), weights)
     return bool(criterion.satisfied(counts).all())

@@ -141,8 +141,16 @@ def class_statistics(class_ids, n_suppressed: int) -> dict[str, Any]:
         raise SpecError("n_suppressed", "must be a non-negative integer")
     class_ids = np.asarray(class_ids)
     dense_ids, n_classes = dense_class_ids(class_ids, len(class_ids))
-    sizes = np.bincount(dense_ids, minlength=n_classes).astype(np.int64)
-    n_kept = int(len(class_ids))
+    return class_statistics_from_sizes(np.bincount(dense_ids, minlength=n_classes), n_suppressed)
+
+
+def class_statistics_from_sizes(sizes, n_suppressed: int) -> dict[str, Any]:
+    """:func:`class_statistics` from the kept records per class (classes of size 0 left out), which a
+    partitioned release adds up partition by partition."""
+    sizes = np.asarray(sizes, dtype=np.int64)
+    sizes = sizes[sizes > 0]
+    n_classes = len(sizes)
+    n_kept = int(sizes.sum())
     n_total = n_kept + int(n_suppressed)
     return {
         "n_classes": int(n_classes),
