@@ -69,6 +69,11 @@ def governed_release(spec: ReleaseSpec) -> dict:
     """
     logger = get_run_logger()
     spec = spec.for_run(_run_day(), flow_run.name or "run")
+    if spec.execution.engine == "dask":
+        # The partitioned path: the same governance, partition by partition on Dask (flows/release_dask.py).
+        from kepsilon.flows.release_dask import release_on_dask
+
+        return release_on_dask(spec)
     operator = spec.operator or getpass.getuser()
     store = store_location()
     started_at = datetime.now(timezone.utc).isoformat()

@@ -215,13 +215,19 @@ class IdentifierEvidence:
     hashes: np.ndarray | None = field(default=None, repr=False)
 
     def add(self, other: "IdentifierEvidence") -> "IdentifierEvidence":
+        """The evidence of two disjoint parts of a column. With hashes, their union counts the distinct
+        values; with distinct counts only, their sum is an **upper bound** of the distinct values (a value
+        in both parts counts twice), enough to clear a column that is far from near-unique."""
         hashes = None
         if self.hashes is not None and other.hashes is not None:
             hashes = np.union1d(self.hashes, other.hashes)
+        distinct = None
+        if hashes is None and self.distinct is not None and other.distinct is not None:
+            distinct = self.distinct + other.distinct
         return IdentifierEvidence(
             self.present + other.present,
             {reason: self.matched[reason] + other.matched[reason] for reason in self.matched},
-            None,
+            distinct,
             hashes,
         )
 

@@ -18,6 +18,9 @@ class ValidationFailed(KepsilonError):
         self.failed_checks = failed_checks
         super().__init__("release checks failed: " + ", ".join(failed_checks))
 
+    def __reduce__(self):
+        return (type(self), (self.failed_checks,))
+
 
 class ReleaseFailed(KepsilonError):
     """A release stopped after its ε was reserved; the message says what was recorded and how to resume."""

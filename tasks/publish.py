@@ -92,12 +92,21 @@ def csv_bytes(frame: pd.DataFrame) -> bytes:
     a reader then ends the record there. A missing value is an empty cell; a record that is one empty
     cell is written ``""`` so it is not a blank line.
     """
+    return csv_header(frame) + csv_records(frame)
+
+
+def csv_header(frame: pd.DataFrame) -> bytes:
+    """The header line of ``data.csv`` (with its ``\n``)."""
+    return (",".join(_csv_field(str(name)) for name in frame.columns) + "\n").encode("utf-8")
+
+
+def csv_records(frame: pd.DataFrame) -> bytes:
+    """The records of ``data.csv``, each ending in ``\n``: a partitioned release writes its parts with it
+    and joins them after the header, byte for byte what :func:`csv_bytes` writes for the whole table."""
     columns = [[_csv_field(text) for text in cell_texts(frame[name])] for name in frame.columns]
-    header = ",".join(_csv_field(str(name)) for name in frame.columns)
     if len(frame.columns) == 1:
         columns = [[field or '""' for field in columns[0]]]
-    records = [",".join(fields) for fields in zip(*columns)]
-    return ("\n".join([header, *records]) + "\n").encode("utf-8")
+    return "".join(",".join(fields) + "\n" for fields in zip(*columns)).encode("utf-8")
 
 
 def _csv_field(text: str | None) -> str:

@@ -157,8 +157,7 @@ def read_csv_piece(plan: SourcePlan, piece: Piece, source: SourceSpec) -> tuple[
     except InputError as error:
         if piece.index == 0:
             raise
-        raise InputError(None, f"{error.args[0] if error.args else error} (in the piece starting at line "
-                               f"{piece.first_line} of the file)") from None
+        raise InputError(error.column, f"{error.problem} (in the piece starting at line {piece.first_line} of the file)") from None
     shift = piece.first_line - 1
     short = [None if line is None else line + shift for line in short_records(raw, source, names, skip_header)]
     return frame, short

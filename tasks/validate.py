@@ -345,6 +345,97 @@ def validate_release(
     return ValidationReport(checks=checks, success=all(c["success"] for c in checks))
 
 
+# --------------------------------------------------------------------------- the partitioned path's gate
+#
+# The partitioned (Dask) path never holds the published table in one place, so the gate's checks run
+# where their data is, each as real Great Expectations expectations:
+#
+# * per published part (on the worker that wrote it): the column checks — no explicit identifier,
+#   ε-quasis numeric and finite, k-quasis present (``validate_part``);
+# * on the published groups' table, one row per group (its labels and its record count, counted again
+#   from the parts as written): k-anonymity and prosecutor risk with the group expectations weighted by
+#   the count, and the row accounting as the sum of the counts (``ExpectColumnSumToBeBetween``);
+# * per declared criterion, on a table of (group labels, sensitive value, records): ℓ-diversity or
+#   t-closeness, weighted by the count;
+# * suppression and linking risk as in the in-memory gate (plain arithmetic).
+#
+# ``validate_aggregated`` puts the outcomes together under the in-memory gate's names and in its order.
+
+_PART_CHECKS = (NO_EXPLICIT_IDENTIFIERS, E_QUASI_NUMERIC_FINITE, K_QUASI_COLUMNS_PRESENT)
+
+
+def validate_part(frame: pd.DataFrame, *, k_quasi: list[str], e_quasi: list[str], explicit: list[str]) -> dict[str, bool]:
+    """The gate's column checks on one published part: check name -> passed (names and booleans only)."""
+    expectations = [
+        (name, expectation)
+        for name, expectation in _build_expectations(k_quasi, e_quasi, explicit, 1, len(frame))
+        if name.split(":", 1)[0] in _PART_CHECKS
+    ]
+    return _run_suite(frame, expectations)
+
+
+def weight_column_name(columns: list[str]) -> str:
+    """A name for the record-count column of an aggregated table that no published column has."""
+    name = "records"
+    while name in columns:
+        name = "_" + name
+    return name
+
+
+def validate_aggregated(
+    groups: pd.DataFrame,
+    criterion_tables: dict[str, pd.DataFrame],
+    part_checks: list[dict[str, bool]],
+    *,
+    weight_column: str,
+    k_quasi: list[str],
+    e_quasi: list[str],
+    k: int,
+    rows_in: int,
+    rows_removed: int,
+    suppression_budget: float,
+    criteria: list | None = None,
+    linking_risk: float | None = None,
+    max_linking_risk: float | None = None,
+    max_prosecutor_risk: float | None = None,
+) -> ValidationReport:
+    """The release gate of a partitioned release, with the in-memory gate's checks, names and order.
+
+    ``groups``: one row per published group, its k-quasi labels and its records (``weight_column``);
+    ``criterion_tables``: per declared criterion's column, (labels, value, records) rows; ``part_checks``:
+    ``validate_part`` of every published part (a check passes when it passed on every part). Fails closed
+    like :func:`validate_release`.
+    """
+    rows_published = rows_in - rows_removed
+    group_pairs = [
+        (K_ANONYMOUS_GROUPS, ExpectColumnGroupsToHaveAtLeastKRows(group_columns=list(k_quasi), k=int(k), weight_column=weight_column)),
+        (PUBLISHED_ROWS_MATCH_ACCOUNTING, gx.expectations.ExpectColumnSumToBeBetween(
+            column=weight_column, min_value=int(rows_published), max_value=int(rows_published))),
+    ]
+    if max_prosecutor_risk is not None:
+        group_pairs.append((PROSECUTOR_RISK_WITHIN_LIMIT, ExpectGroupsProsecutorRiskAtMost(
+            group_columns=list(k_quasi), max_risk=float(max_prosecutor_risk), weight_column=weight_column)))
+    for name, expectation in group_pairs:
+        expectation.meta = {_CHECK_META_KEY: name}
+    outcomes = _run_suite(groups, group_pairs)
+    for name, expectation in _disclosure_expectations(k_quasi, criteria or [], None, weight_column):
+        outcomes.update(_run_suite(criterion_tables[expectation.column], [(name, expectation)]))
+    part_names = [name for name, _ in _build_expectations(k_quasi, e_quasi, [], 1, 0) if name.split(":", 1)[0] in _PART_CHECKS]
+    for name in part_names:
+        outcomes[name] = bool(part_checks) and all(checks.get(name, False) for checks in part_checks)
+    ordered = [K_ANONYMOUS_GROUPS, *part_names, PUBLISHED_ROWS_MATCH_ACCOUNTING]
+    ordered += [name for name in outcomes if name.split(":", 1)[0] in (L_DIVERSITY, T_CLOSENESS)]
+    if max_prosecutor_risk is not None:
+        ordered.append(PROSECUTOR_RISK_WITHIN_LIMIT)
+    checks = [{"name": name, "success": bool(outcomes.get(name, False))} for name in ordered]
+    checks.insert(1, {"name": SUPPRESSION_WITHIN_BUDGET,
+                      "success": bool(suppression_within_budget(rows_in, rows_removed, suppression_budget))})
+    if max_linking_risk is not None:
+        risk_ok = linking_risk is not None and math.isfinite(linking_risk) and linking_risk <= max_linking_risk
+        checks.append({"name": LINKING_RISK_WITHIN_LIMIT, "success": bool(risk_ok)})
+    return ValidationReport(checks=checks, success=all(c["success"] for c in checks))
+
+
 def suppression_within_budget(rows_in: int, rows_removed: int, suppression_budget: float) -> bool:
     """Whether the suppressed fraction ``rows_removed / rows_in`` is at most the budget."""
     return rows_removed / rows_in <= suppression_budget
@@ -398,7 +489,7 @@ def _build_expectations(k_quasi, e_quasi, explicit, k, rows_published) -> list[t
     return pairs
 
 
-def _disclosure_expectations(k_quasi, criteria, max_prosecutor_risk) -> list[tuple[str, Any]]:
+def _disclosure_expectations(k_quasi, criteria, max_prosecutor_risk, weight_column=None) -> list[tuple[str, Any]]:
     """The checks on sensitive columns and prosecutor risk, named ``l_diversity:<col>`` and so on."""
     pairs: list[tuple[str, Any]] = []
     for criterion in declared(criteria):
@@ -406,11 +497,11 @@ def _disclosure_expectations(k_quasi, criteria, max_prosecutor_risk) -> list[tup
         if criterion.l is not None:
             only_l = {key: parameters[key] for key in ("l", "variant", "c")}
             pairs.append((f"{L_DIVERSITY}:{criterion.column}", ExpectGroupsToBeLDiverse(
-                group_columns=list(k_quasi), column=criterion.column, parameters=only_l)))
+                group_columns=list(k_quasi), column=criterion.column, parameters=only_l, weight_column=weight_column)))
         if criterion.t is not None:
             only_t = {key: value for key, value in parameters.items() if key not in ("l", "variant", "c")}
             pairs.append((f"{T_CLOSENESS}:{criterion.column}", ExpectGroupsToBeTClose(
-                group_columns=list(k_quasi), column=criterion.column, parameters=only_t)))
+                group_columns=list(k_quasi), column=criterion.column, parameters=only_t, weight_column=weight_column)))
     if max_prosecutor_risk is not None:
         pairs.append((PROSECUTOR_RISK_WITHIN_LIMIT, ExpectGroupsProsecutorRiskAtMost(
             group_columns=list(k_quasi), max_risk=float(max_prosecutor_risk))))

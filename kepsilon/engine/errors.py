@@ -14,7 +14,12 @@ class SpecError(KepsilonError):
 
     def __init__(self, parameter: str, problem: str):
         self.parameter = parameter
+        self.problem = problem
         super().__init__(f"parameter {parameter!r}: {problem}")
+
+    def __reduce__(self):
+        # Rebuilt from its two arguments when it crosses processes (a Dask worker's failure).
+        return (type(self), (self.parameter, self.problem))
 
 
 class InputError(KepsilonError):
@@ -22,8 +27,13 @@ class InputError(KepsilonError):
 
     def __init__(self, column: str | None, problem: str):
         self.column = column
+        self.problem = problem
         where = f"column {column!r}: " if column is not None else "source: "
         super().__init__(where + problem)
+
+    def __reduce__(self):
+        # Rebuilt from its two arguments when it crosses processes (a Dask worker's failure).
+        return (type(self), (self.column, self.problem))
 
 
 class HierarchyError(InputError):

@@ -1,0 +1,342 @@
+"""The ``governed-release-dask`` flow: a release partition by partition on a Dask cluster.
+
+The same governance as ``governed-release`` (``flows/release.py``), stage for stage — plan and fingerprint
+the source → (verify the store; already published?) → check the output folder → intake and classify
+(refusals) → k-anonymise the histogram → certain-linking check → approve → reserve ε → draw the seed →
+distribute → perturb and suppress → diversity suppression → publish the parts → gate → stage the
+manifest → record → rename into place — on a table that never has to fit in one process. The stages
+per partition are in ``tasks/partitioned.py``; this module only orders them and reduces their counts.
+
+Where things run: every per-partition task is submitted to the flow's ``DaskTaskRunner`` (prefect-dask),
+on a ``LocalCluster`` of ``execution.workers`` processes, or on the cluster whose scheduler is
+``execution.scheduler``. The tasks that touch the audit store (verify, already published, approval,
+reservation, the seed, the record) and the output-folder check are called directly, so they run in
+the flow's own process, beside the store. The seed never leaves that process: the perturbation tasks
+get a ``RecordStreams`` (keys derived from the seed, which its ``repr`` withholds), and Prefect records
+of a task's inputs only their types, never their values.
+
+``governed-release`` hands a spec with ``execution.engine: dask`` to this flow (a subflow), so the CLI,
+the deployments and the UI's run form need nothing else.
+"""
+
+import getpass
+import shutil
+from datetime import datetime, timezone
+from pathlib import Path
+
+from prefect import flow, get_run_logger
+from prefect.futures import as_completed
+from prefect.runtime import flow_run
+
+from kepsilon.engine.criteria import declared, disclosure_figures
+from kepsilon.engine.perturb import new_seed, public_grid
+from kepsilon.engine.randomness import RecordStreams
+from kepsilon.faults import fault_point
+from kepsilon.flows.manifest import base_manifest, groups_from_sizes, idempotency_key, public_manifest
+from kepsilon.flows.release import _fail_after_reservation, _move_into_place, _release_figures, _run_day
+from kepsilon.flows.report import guarantee_statement, publish_report_artifacts
+from kepsilon.flows.spec import ReleaseSpec
+from kepsilon.tasks.classify import check_roles
+from kepsilon.tasks.errors import SpecError, ValidationFailed
+from kepsilon.tasks.figures import private_report_dir
+from kepsilon.tasks.partitioned import (
+    DATA_CSV,
+    DATASET,
+    GroupCoder,
+    GroupCounts,
+    Scratch,
+    anonymise_task,
+    certain_linking_share,
+    class_targets,
+    combine_intakes,
+    combine_outcome,
+    combine_perturbation,
+    distinct_count_task,
+    distribute_task,
+    failing_groups,
+    gate_tables,
+    intake_task,
+    join_csv_task,
+    perturb_task,
+    plan_source_task,
+    publish_task,
+    scratch_root,
+)
+from kepsilon.tasks.preflight import check_output, find_published
+from kepsilon.tasks.progress import release_progress, stage
+from kepsilon.tasks.publish import (
+    MANIFEST,
+    Publication,
+    _fsync_directory,
+    csv_header,
+    manifest_bytes,
+    published_columns,
+    refuse_existing,
+    release_directory,
+    staging_directory,
+    write_file,
+)
+from kepsilon.tasks.record import (
+    check_approval,
+    escrowed_seed,
+    mark_spent,
+    record_outcome,
+    reserve_epsilon,
+    store_location,
+    verify_store,
+)
+from kepsilon.tasks.validate import validate_aggregated, weight_column_name
+
+# Room the scratch folder needs, as a multiple of the table's size in memory: the classified records,
+# then the records by class and by order range (each stage removes its input as it goes).
+SCRATCH_FACTOR = 3
+_STAGES = 4  # stages that run once per partition: intake, distribute, perturb-suppress, publish-part
+
+
+def dask_task_runner(execution):
+    """The flow's ``DaskTaskRunner``: the given scheduler's cluster, else a LocalCluster of ``workers`` processes."""
+    from prefect_dask import DaskTaskRunner
+
+    if execution.scheduler:
+        return DaskTaskRunner(address=execution.scheduler)
+    return DaskTaskRunner(
+        cluster_kwargs={"n_workers": execution.workers, "processes": True, "dashboard_address": None}
+    )
+
+
+def release_on_dask(spec: ReleaseSpec) -> dict:
+    """Run ``governed-release-dask`` on the task runner the spec's ``execution`` names (a subflow when
+    called from a flow)."""
+    return governed_release_dask.with_options(task_runner=dask_task_runner(spec.execution))(spec)
+
+
+@flow(name="governed-release-dask", persist_result=False, log_prints=False, validate_parameters=True)
+def governed_release_dask(spec: ReleaseSpec) -> dict:
+    """Run one governed release partition by partition on Dask; return its private record (no data).
+
+    Same outcomes as ``governed_release``: the published folder (a Parquet dataset ``data.parquet/``
+    of parts in the published order, ``data.csv`` when ``execution.csv``, and ``manifest.json``), the
+    private record, the refusals before ε and the recorded failures after it.
+    """
+    logger = get_run_logger()
+    spec = spec.for_run(_run_day(), flow_run.name or "run")
+    operator = spec.operator or getpass.getuser()
+    store = store_location()
+    started_at = datetime.now(timezone.utc).isoformat()
+
+    figures_dir = private_report_dir(spec.release_id, spec.output_dir)
+    plan = plan_source_task.submit(spec.source, spec.execution.partitions).result()
+    key = idempotency_key(spec, plan.sha256)
+    verify_store(store)
+    done = find_published(store, spec.release_id, key)
+    if done is not None:
+        logger.info("release %s was already published at %s; nothing to do", spec.release_id, done["published_at"])
+        return done
+    check_roles(list(plan.names), spec.roles)
+    output_dir = check_output(spec.output_dir, spec.release_id, plan.memory_bytes)
+    scratch = _prepare_scratch(spec, output_dir, plan.memory_bytes)
+    pieces = len(plan.pieces)
+    logger.info("release %s: %d partition(s) on the dask engine", spec.release_id, pieces)
+    try:
+        with release_progress(_STAGES * pieces, f"release {spec.release_id}"):
+            return _release(spec, plan, key, operator, store, started_at, figures_dir, output_dir, scratch)
+    finally:
+        Scratch(scratch).remove_all()
+
+
+def _release(spec, plan, key, operator, store, started_at, figures_dir, output_dir, scratch) -> dict:
+    """Everything after the checks that need no data: intake, anonymisation, the spend, the stages, the record."""
+    logger = get_run_logger()
+    table = _intake(spec, plan, scratch)
+    record = base_manifest(spec, {**plan.report(), "rows": table.rows}, key)
+    record["execution"] = {
+        "flow_run_id": str(flow_run.id), "operator": operator, "started_at": started_at,
+        "engine": "dask", "partitions": len(plan.pieces),
+        "cluster": spec.execution.scheduler or f"local, {spec.execution.workers} worker process(es)",
+    }
+    logger.info("release %s: %d records in", spec.release_id, table.rows)
+
+    anonymised = anonymise_task.submit(table.histogram, spec).result()
+    classes = anonymised.classes
+    record["anonymiser"] = classes.report
+    record["hierarchies"] = classes.report.get("hierarchies", {})
+    if certain_linking_share(table.histogram, classes.class_of_tuple, spec) > spec.max_linking_risk:
+        raise SpecError(
+            "max_linking_risk",
+            "records in classes whose ε-quasi values are all equal get no noise and link to themselves; "
+            "their share alone exceeds the limit",
+        )
+    coder = GroupCoder.build(spec, anonymised.hierarchies, anonymised.criteria)
+
+    record["approval"] = check_approval(spec, operator, store, record)
+    reservation = reserve_epsilon(spec, key, operator, store, record)
+    record["budget"] = {"reservation_id": reservation.id, "epsilon_reserved": spec.epsilon, "reused": reservation.reused}
+    fault_point("after-reservation")
+
+    record["private_figures"] = str(figures_dir)
+    publication = figure_inputs = None
+    try:
+        record, publication, figure_inputs = _spend_check_stage(
+            spec, key, plan, table, anonymised, coder, reservation, store, record, output_dir, scratch
+        )
+        fault_point("before-audit-commit")
+        record_outcome(record, "published", reservation.id, store)
+    except BaseException as failure:  # noqa: B036 - ε is reserved: every failure, of any type, is recorded
+        if isinstance(failure, ValidationFailed):
+            # The in-memory path writes nothing when the gate fails; here the parts were written first.
+            shutil.rmtree(staging_directory(output_dir, spec.release_id), ignore_errors=True)
+        _fail_after_reservation(record, failure, reservation.id, store)
+    fault_point("after-audit-commit")
+    _move_into_place(spec.release_id, publication)
+    publish_report_artifacts(record)
+    _release_figures(spec, figure_inputs, figures_dir)
+    logger.info("release %s published: %d records", spec.release_id, record["rows_published"])
+    return record
+
+
+def _prepare_scratch(spec: ReleaseSpec, output_dir: str, table_bytes: int) -> Path:
+    """The run's scratch folder, empty and private, on a file system with room for the intermediate pieces."""
+    root = scratch_root(spec, output_dir)
+    try:
+        root.parent.mkdir(parents=True, exist_ok=True)
+        free = shutil.disk_usage(root.parent).free
+    except OSError as error:
+        raise SpecError("execution.scratch", f"{str(root.parent)!r} cannot be used ({error.strerror})") from None
+    needed = SCRATCH_FACTOR * max(int(table_bytes), 1)
+    if free < needed:
+        raise SpecError(
+            "execution.scratch",
+            f"{str(root.parent)!r} has {free:,} bytes free; the intermediate partitions need {needed:,} "
+            f"({SCRATCH_FACTOR} × the table's estimated size)",
+        )
+    Scratch(root).create()
+    return root
+
+
+def _each(name: str, futures: list) -> list:
+    """Wait for a stage's tasks, one progress step per partition; the results in partition order.
+
+    A failed partition does not stop the others from finishing (their scratch files stay consistent);
+    then the failure of the first partition, in source order, is raised — the error the in-memory path
+    would meet first.
+    """
+    results, failures = [None] * len(futures), {}
+    position = {id(future): number for number, future in enumerate(futures)}
+    with stage(name, len(futures)) as progress:
+        for future in as_completed(futures):
+            number = position[id(future)]
+            try:
+                results[number] = future.result()
+            except BaseException as failure:  # noqa: B036 - re-raised below, first partition first
+                failures[number] = failure
+            progress.advance()
+    if failures:
+        raise failures[min(failures)]
+    return results
+
+
+def _intake(spec: ReleaseSpec, plan, scratch: Path):
+    """Stage A and its reduction: refusals in the in-memory order, then the whole table's histogram."""
+    root = str(scratch)
+    intakes = _each("intake", [intake_task.submit(plan, piece, spec, root) for piece in plan.pieces])
+    pieces = len(plan.pieces)
+    return combine_intakes(intakes, spec, lambda number: distinct_count_task.submit(root, number, pieces).result())
+
+
+def _spend_check_stage(spec, key, plan, table, anonymised, coder, reservation, store, record, output_dir, scratch):
+    """The stages on reserved budget: seed, distribute, perturb and suppress, publish the parts, gate, manifest."""
+    root, pieces = str(scratch), len(plan.pieces)
+    classes = anonymised.classes
+    seed, commitment = escrowed_seed(store, key, spec.release_id, new_seed)
+    streams = RecordStreams(seed)
+    del seed
+    mark_spent(store, reservation.id)
+    record["seed_commitment"] = commitment
+
+    targets = class_targets(table.histogram, classes.class_of_tuple, pieces)
+    tuples = table.histogram.tuples
+    _each("distribute", [
+        distribute_task.submit(piece.index, offset, root, tuples, classes.class_of_tuple, targets)
+        for piece, offset in zip(plan.pieces, table.offsets)
+    ])
+    parts = _each("perturb-suppress", [
+        perturb_task.submit(index, pieces, root, spec, streams, anonymised.hierarchies, classes.levels, coder, pieces)
+        for index in range(pieces)
+    ])
+    fault_point("after-noise")
+    record["perturbation"] = combine_perturbation(parts)
+    criteria = anonymised.criteria
+    groups = GroupCounts.add([part.groups for part in parts])
+    failing = failing_groups(groups, criteria)
+    outcome = combine_outcome(parts, failing, groups, classes.report, spec, criteria)
+    record.update(outcome.metrics)
+
+    meta = next(part.meta for part in parts if part.meta is not None)
+    staging = _fresh_staging(output_dir, spec.release_id)
+    published = _each("publish-part", [
+        publish_task.submit(index, pieces, root, str(staging), failing, spec, meta, spec.execution.csv,
+                            len(coder.sensitive))
+        for index in range(pieces)
+    ])
+    outputs = {part.name: part.sha256 for part in published}
+    if spec.execution.csv:
+        outputs[DATA_CSV] = join_csv_task.submit(str(staging), root, csv_header(meta), pieces).result()
+
+    written = GroupCounts.add([part.groups for part in published])  # the gate recounts what was written
+    record["groups"] = groups_from_sizes(written.sizes, record["rows_in"])
+    record["columns"] = published_columns(meta, table_roles(spec))
+    record["disclosure"] = disclosure_figures(written.sizes, written.matrices(criteria), criteria)
+    validation = _gate(spec, record, written, coder, criteria, [part.checks for part in published])
+    record["checks"] = validation.checks
+    if not validation.success:
+        raise ValidationFailed(validation.failed_checks)
+
+    grids = {q.column: public_grid(q.lower, q.upper, eps) for q, eps in zip(spec.roles.e_quasi, spec.epsilon_split().values())}
+    public = public_manifest(record, spec, grids, guarantee_statement(spec.scale_basis))
+    write_file(staging / MANIFEST, manifest_bytes({**public, "outputs": outputs}))
+    _fsync_directory(staging / DATASET)
+    _fsync_directory(staging)
+    _fsync_directory(staging.parent)
+    publication = Publication(directory=release_directory(output_dir, spec.release_id), outputs=outputs, staging=staging)
+    record.update(publication.report())
+    record["output_dir"] = str(publication.directory)
+    record["public_manifest"] = {**public, "outputs": dict(outputs)}
+    record["execution"]["finished_at"] = datetime.now(timezone.utc).isoformat()
+    return record, publication, outcome.figure_inputs
+
+
+def table_roles(spec: ReleaseSpec) -> dict:
+    return spec.roles.names()
+
+
+def _fresh_staging(output_dir: str, release_id: str) -> Path:
+    """The hidden staging folder, emptied (a rerun re-derives the same bytes), with the dataset's folder."""
+    refuse_existing(release_directory(output_dir, release_id))
+    staging = staging_directory(output_dir, release_id)
+    if staging.exists():
+        shutil.rmtree(staging)
+    (staging / DATASET).mkdir(parents=True)
+    return staging
+
+
+def _gate(spec, record, written, coder, criteria, part_checks):
+    """The release gate on the aggregated tables and the parts' column checks (``validate_aggregated``)."""
+    roles = spec.roles.names()
+    weight = weight_column_name([*roles["k_quasi"], *roles["sensitive"]])
+    groups_table, criterion_tables = gate_tables(written, coder, criteria, weight)
+    return validate_aggregated(
+        groups_table,
+        criterion_tables,
+        part_checks,
+        weight_column=weight,
+        k_quasi=roles["k_quasi"],
+        e_quasi=roles["e_quasi"],
+        k=spec.k,
+        rows_in=record["rows_in"],
+        rows_removed=sum(record["rows_removed"].values()),
+        suppression_budget=spec.suppression_budget,
+        criteria=declared(criteria),
+        linking_risk=record["linking_risk"],
+        max_linking_risk=spec.max_linking_risk,
+        max_prosecutor_risk=spec.max_prosecutor_risk,
+    )

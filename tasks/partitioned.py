@@ -1,0 +1,776 @@
+"""The partitioned (Dask) release path, stage by stage: what one task does to one partition, and the reductions.
+
+``flows/release_dask.py`` runs these stages as Prefect tasks on the cluster, one task per partition:
+
+A. **intake** (per piece of the source, ``tasks/sources.py``): read the piece, classify it with
+   ``classify_findings`` (counts of everything ``classify`` refuses), count its histogram of distinct
+   k-quasi tuples (``kepsilon.engine.histogram``); the classified records go to the scratch folder.
+   The flow adds the counts up and refuses what the in-memory path refuses; the histograms add up to
+   the whole table's, on which Mondrian or OLA decide the class of every tuple (one task).
+B. **distribute** (per piece): each record gets its tuple's class (a join on the k-quasi values) and
+   goes to the class partition of its class: a class partition holds whole classes, in ranges of
+   class ids of about equal record counts.
+C. **perturb and suppress** (per class partition): the engine's own functions on whole classes — noise
+   keyed by (seed, source position, column), confidence suppression, labels from the published
+   members — then the candidate records go to the range of their release-order key (the 64-bit key of
+   ``RecordStreams.order_keys``; its ranges split the published order into equal parts). Reductions
+   back to the flow: per published group its size and sensitive value counts (for diversity
+   suppression, the private figures and the gate), per class its counts and errors, the perturbation
+   and suppression counts.
+D. **publish** (per order-key range): drop the records of groups that fail a declared criterion (the
+   flow decided from the reduction), sort by (order key, source position) — the in-memory path's
+   published order — and write the range as one Parquet file of the dataset (and its CSV records);
+   the gate's column checks run on it (Great Expectations), and its groups are counted again from the
+   rows written, for the gate's group checks.
+
+Everything between stages goes through the scratch folder (``Scratch``), never through Prefect or the
+task results: results are counts, a piece holds records. The scratch holds private data: it is created
+0700, its files 0600, and the flow removes it when the run ends (a crash leaves it, and the next run of
+the release removes it first). Task results hold no data value either: counts, codes and hashes.
+"""
+
+import os
+import pickle
+import shutil
+import uuid
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import numpy as np
+import pandas as pd
+from prefect import task
+from prefect.cache_policies import NO_CACHE
+
+from kepsilon.engine.anonymise import AnonymisedTuples, histogram_of, k_anonymise_histogram
+from kepsilon.engine.assemble import merge_release_columns
+from kepsilon.engine.criteria import MISSING, declared, group_value_counts, groups_satisfy, value_strings
+from kepsilon.engine.histogram import TupleHistogram, merge_histograms
+from kepsilon.engine.metrics import errors_by_class, expected_relative_errors, linked_records
+from kepsilon.engine.partition import published_labels
+from kepsilon.engine.perturb import perturb, source_positions
+from kepsilon.engine.randomness import RecordStreams
+from kepsilon.engine.suppress import suppress_records
+from kepsilon.flows.spec import ReleaseSpec
+
+from .classify import NEAR_UNIQUE_MIN_ROWS, NEAR_UNIQUE_RATIO, Findings, classify_findings, refuse_findings
+from .errors import InputError, SpecError
+from .ingest import refuse_short_records
+from .publish import csv_records, parquet_bytes, write_file
+from .sources import Piece, SourcePlan, plan_source, read_piece
+
+DATASET = "data.parquet"  # the published Parquet dataset: a folder of parts, in the published order
+DATA_CSV = "data.csv"
+
+
+# --------------------------------------------------------------------------- scratch
+
+
+class Scratch:
+    """The run's private scratch folder: pickled pieces of records and counts between stages."""
+
+    def __init__(self, root: str | Path):
+        self.root = Path(root)
+
+    def create(self) -> None:
+        """A fresh, empty folder readable by its owner only (a leftover of a crashed run is removed)."""
+        self.remove_all()
+        self.root.mkdir(mode=0o700, parents=True)
+        os.chmod(self.root, 0o700)
+
+    def path(self, *parts) -> Path:
+        return self.root.joinpath(*(str(part) for part in parts))
+
+    def write(self, value, *parts) -> None:
+        """Pickle ``value`` to ``parts`` (created 0600, renamed into place when complete)."""
+        target = self.path(*parts)
+        target.parent.mkdir(mode=0o700, parents=True, exist_ok=True)
+        partial = target.with_name(f".{target.name}.{uuid.uuid4().hex}")
+        descriptor = os.open(partial, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600)
+        with os.fdopen(descriptor, "wb") as handle:
+            pickle.dump(value, handle, protocol=5)
+        os.replace(partial, target)
+
+    def read(self, *parts):
+        with open(self.path(*parts), "rb") as handle:
+            return pickle.load(handle)
+
+    def exists(self, *parts) -> bool:
+        return self.path(*parts).exists()
+
+    def remove(self, *parts) -> None:
+        target = self.path(*parts)
+        if target.is_dir():
+            shutil.rmtree(target, ignore_errors=True)
+        else:
+            target.unlink(missing_ok=True)
+
+    def remove_all(self) -> None:
+        if self.root.exists() or self.root.is_symlink():
+            shutil.rmtree(self.root, ignore_errors=True)
+
+
+def scratch_root(spec: ReleaseSpec, output_dir: str | Path) -> Path:
+    """The run's scratch folder: the spec's ``execution.scratch``, else hidden beside the output."""
+    base = Path(spec.execution.scratch) if spec.execution.scratch else Path(output_dir)
+    return base / f".{spec.release_id}.scratch"
+
+
+# --------------------------------------------------------------------------- A. intake
+
+
+@dataclass
+class Intake:
+    """What a piece of the source tells the flow: counts only (its records went to the scratch)."""
+
+    index: int
+    rows: int
+    findings: Findings
+    short: list  # file line numbers of records with fewer fields than the header (CSV)
+    histogram: TupleHistogram | None  # None when its ε-quasis could not be read as numbers (refused anyway)
+
+
+def intake(plan: SourcePlan, piece: Piece, spec: ReleaseSpec, scratch: str) -> Intake:
+    """Stage A on one piece: read, classify (counting), histogram; classified records to the scratch.
+
+    The histogram's first positions are the piece's own (from 0): the flow shifts them by the piece's
+    offset once every piece's length is known.
+    """
+    frame, short = read_piece(plan, piece, spec.source)
+    classified, findings = classify_findings(frame, spec, exact=False)
+    area = Scratch(scratch)
+    for number, evidence in enumerate(findings.identifiers.values()):
+        # Distinct values' hashes stay in the scratch; the flow counts their union only when needed.
+        area.write(evidence.hashes, "hashes", number, piece.index)
+        evidence.distinct, evidence.hashes = len(evidence.hashes), None
+    histogram = None
+    if all(pd.api.types.is_float_dtype(classified[q.column].dtype) for q in spec.roles.e_quasi):
+        histogram = histogram_of(classified, spec, extremes=True)
+        histogram.of_record = None
+        area.write(classified, "classified", piece.index)
+    return Intake(piece.index, len(frame), findings, short, histogram)
+
+
+def distinct_count(scratch: str, column_number: int, pieces: int) -> int:
+    """Distinct values of one column over every piece: the union of the pieces' value hashes."""
+    area = Scratch(scratch)
+    union = np.zeros(0, dtype=np.uint64)
+    for index in range(pieces):
+        union = np.union1d(union, area.read("hashes", column_number, index))
+    return len(union)
+
+
+@dataclass
+class TableIntake:
+    """The whole table's intake: its histogram (positions in the source), rows and pieces' offsets."""
+
+    histogram: TupleHistogram
+    rows: int
+    offsets: list[int]
+    findings: Findings
+
+
+def combine_intakes(intakes: list[Intake], spec: ReleaseSpec, distinct_counter) -> TableIntake:
+    """Add the pieces' intakes up and refuse exactly what the in-memory ingest and ``classify`` refuse.
+
+    ``distinct_counter(column_number)`` counts a column's distinct values exactly; it is called only for
+    a column the pieces' counts cannot clear of near-uniqueness (their distinct counts add up to more than
+    ``NEAR_UNIQUE_RATIO`` of the records).
+    """
+    intakes = sorted(intakes, key=lambda item: item.index)
+    short = [line for item in intakes for line in item.short]
+    refuse_short_records(short)
+    rows = sum(item.rows for item in intakes)
+    if rows == 0:
+        raise InputError(None, "the table has no records")
+    findings = intakes[0].findings
+    for item in intakes[1:]:
+        findings = findings.add(item.findings)
+    names = spec.roles.names()
+    for number, (column, evidence) in enumerate(findings.identifiers.items()):
+        # After adding up, ``distinct`` is the pieces' distinct counts summed: an upper bound.
+        suspicious = evidence.present >= NEAR_UNIQUE_MIN_ROWS and evidence.distinct > NEAR_UNIQUE_RATIO * evidence.present
+        if suspicious and column not in names["e_quasi"]:
+            evidence.distinct = distinct_counter(number)
+    refuse_findings(findings, spec)
+    offsets = np.cumsum([0] + [item.rows for item in intakes])[:-1].tolist()
+    for item, offset in zip(intakes, offsets):
+        item.histogram.first = item.histogram.first + offset
+    histogram = merge_histograms([item.histogram for item in intakes], [q.column for q in spec.roles.k_quasi])
+    return TableIntake(histogram, rows, offsets, findings)
+
+
+# --------------------------------------------------------------------------- anonymise
+
+
+def anonymise(histogram: TupleHistogram, spec: ReleaseSpec) -> AnonymisedTuples:
+    """The classes of the whole table's tuples (Mondrian or OLA on the histogram), as ``k_anonymise`` finds them."""
+    return k_anonymise_histogram(histogram, spec)
+
+
+def class_extremes(histogram: TupleHistogram, class_of_tuple: np.ndarray, column: str) -> tuple[np.ndarray, np.ndarray]:
+    """Per class, the smallest and largest clamped value of an ε-quasi: the reduction of its tuples' extremes."""
+    kept = class_of_tuple >= 0
+    n_classes = int(class_of_tuple.max()) + 1 if kept.any() else 0
+    low, high = histogram.extremes[column]
+    class_low = np.full(n_classes, np.inf)
+    class_high = np.full(n_classes, -np.inf)
+    np.minimum.at(class_low, class_of_tuple[kept], low[kept])
+    np.maximum.at(class_high, class_of_tuple[kept], high[kept])
+    return class_low, class_high
+
+
+def certain_linking_share(histogram: TupleHistogram, class_of_tuple: np.ndarray, spec: ReleaseSpec) -> float:
+    """``metrics.certain_linking_risk`` from the histogram: the largest share, over ε-quasis, of the kept
+    records whose class has zero diameter (diameter basis only)."""
+    kept = class_of_tuple >= 0
+    records = int(histogram.weights[kept].sum())
+    if spec.scale_basis != "diameter" or records == 0:
+        return 0.0
+    shares = []
+    for quasi in spec.roles.e_quasi:
+        low, high = class_extremes(histogram, class_of_tuple, quasi.column)
+        zero = (high - low) == 0
+        shares.append(int(histogram.weights[kept][zero[class_of_tuple[kept]]].sum()) / records)
+    return max(shares, default=0.0)
+
+
+def class_targets(histogram: TupleHistogram, class_of_tuple: np.ndarray, parts: int) -> np.ndarray:
+    """The class partition of every class: consecutive class ids, about ``records / parts`` records each,
+    a class never split (a class larger than that fills a partition of its own)."""
+    kept = class_of_tuple >= 0
+    n_classes = int(class_of_tuple.max()) + 1 if kept.any() else 0
+    sizes = np.bincount(class_of_tuple[kept], weights=histogram.weights[kept], minlength=n_classes)
+    before = np.cumsum(sizes) - sizes
+    share = max(sizes.sum() / max(parts, 1), 1.0)
+    return np.minimum((before // share).astype(np.int64), parts - 1)
+
+
+# --------------------------------------------------------------------------- B. distribute
+
+
+def distribute(
+    index: int, offset: int, scratch: str, tuples: pd.DataFrame, class_of_tuple: np.ndarray, target_of_class: np.ndarray
+) -> int:
+    """Stage B on one piece: each record's class (its tuple's), then its records to their class partitions.
+
+    The records' index becomes their source position (the piece's offset plus their place in it); the
+    anonymiser's suppressed records (class -1, OLA) go nowhere. Returns the records kept.
+    """
+    area = Scratch(scratch)
+    frame = area.read("classified", index)
+    columns = list(tuples.columns)
+    tuple_of_record = pd.MultiIndex.from_frame(tuples).get_indexer(pd.MultiIndex.from_frame(frame[columns]))
+    if (tuple_of_record < 0).any():  # every record's tuple is in the histogram it was counted into
+        raise RuntimeError("a record's k-quasi tuple is missing from the table's histogram")
+    class_ids = class_of_tuple[tuple_of_record]
+    kept = class_ids >= 0
+    frame = frame[kept]
+    class_ids = class_ids[kept]
+    frame.index = frame.index + offset  # the piece's own positions, from 0, become the source's
+    targets = target_of_class[class_ids]
+    for target in np.unique(targets):
+        chosen = targets == target
+        area.write((frame[chosen], class_ids[chosen]), "shuffle", int(target), index)
+    area.remove("classified", index)
+    return int(kept.sum())
+
+
+# --------------------------------------------------------------------------- group codes
+
+
+@dataclass(frozen=True)
+class GroupCoder:
+    """Integer codes for what the reductions count: a published group (its k-quasi labels, one int64
+    key) and a sensitive value (its code in the criterion's domain). Codes, not values, cross processes."""
+
+    columns: tuple[str, ...]
+    vocabularies: tuple[pd.Index, ...]  # per k-quasi: every label its hierarchy can publish
+    radices: tuple[int, ...]
+    sensitive: tuple[str, ...]
+    domains: tuple[pd.Index, ...]  # per sensitive column: its criterion's domain (value strings)
+    numeric: tuple[bool, ...]
+
+    @classmethod
+    def build(cls, spec: ReleaseSpec, hierarchies: dict, criteria: list) -> "GroupCoder":
+        columns = tuple(q.column for q in spec.roles.k_quasi)
+        vocabularies = tuple(
+            pd.Index(pd.unique(np.concatenate([np.asarray(level, dtype=object) for level in hierarchies[c].labels])))
+            for c in columns
+        )
+        radices = tuple(len(vocabulary) for vocabulary in vocabularies)
+        if np.prod([float(r) for r in radices]) >= 2.0**62:
+            raise SpecError("roles.k_quasi", "the hierarchies' labels are too many to number published groups "
+                                             "on the dask engine; use the memory engine")
+        return cls(
+            columns, vocabularies, radices,
+            tuple(c.column for c in criteria), tuple(c.index for c in criteria), tuple(c.numeric for c in criteria),
+        )
+
+    def keys(self, labels: pd.DataFrame) -> np.ndarray:
+        """The group key of each row's labels (mixed radix over the label codes)."""
+        key = np.zeros(len(labels), dtype=np.int64)
+        for column, vocabulary, radix in zip(self.columns, self.vocabularies, self.radices):
+            key = key * radix + vocabulary.get_indexer(labels[column].to_numpy(dtype=object))
+        return key
+
+    def labels(self, keys: np.ndarray) -> pd.DataFrame:
+        """The labels of group keys (what the published rows of those groups hold)."""
+        columns = {}
+        rest = np.asarray(keys, dtype=np.int64)
+        for column, vocabulary, radix in reversed(list(zip(self.columns, self.vocabularies, self.radices))):
+            rest, code = np.divmod(rest, radix)
+            columns[column] = pd.array(np.asarray(vocabulary, dtype=object)[code], dtype=str)
+        return pd.DataFrame({column: columns[column] for column in self.columns})
+
+    def value_codes(self, number: int, values: pd.Series) -> np.ndarray:
+        """Domain codes of a sensitive column's values (every value read is in its domain)."""
+        codes = self.domains[number].get_indexer(value_strings(values, self.numeric[number]).to_numpy(dtype=object))
+        if (codes < 0).any():
+            raise InputError(self.sensitive[number], f"{int((codes < 0).sum())} value(s) are outside the sensitive column's domain")
+        return codes.astype(np.int64)
+
+    def values(self, number: int, codes: np.ndarray) -> np.ndarray:
+        """Values of domain codes as the published table holds them (``None`` for a missing value)."""
+        strings = np.asarray(self.domains[number], dtype=object)[np.asarray(codes, dtype=np.int64)]
+        strings[strings == MISSING] = None
+        return strings
+
+
+@dataclass
+class GroupCounts:
+    """Published groups counted: per group key its records, and per sensitive column (group, code, records)."""
+
+    keys: np.ndarray
+    sizes: np.ndarray
+    values: list[pd.DataFrame]  # per sensitive column: columns key, code, records
+
+    @classmethod
+    def count(cls, keys: np.ndarray, codes: list[np.ndarray]) -> "GroupCounts":
+        unique, sizes = np.unique(keys, return_counts=True)
+        values = [
+            pd.DataFrame({"key": keys, "code": column}).value_counts(sort=False).rename("records").reset_index()
+            for column in codes
+        ]
+        return cls(unique, sizes.astype(np.int64), values)
+
+    @classmethod
+    def empty(cls, columns: int) -> "GroupCounts":
+        """No group (of a partition without published records), with ``columns`` sensitive columns."""
+        table = pd.DataFrame({"key": np.zeros(0, np.int64), "code": np.zeros(0, np.int64), "records": np.zeros(0, np.int64)})
+        return cls(np.zeros(0, dtype=np.int64), np.zeros(0, dtype=np.int64), [table.copy() for _ in range(columns)])
+
+    @classmethod
+    def add(cls, counts: list["GroupCounts"]) -> "GroupCounts":
+        keys = np.concatenate([c.keys for c in counts])
+        sizes = np.concatenate([c.sizes for c in counts])
+        unique, inverse = np.unique(keys, return_inverse=True)
+        total = np.bincount(inverse.reshape(-1), weights=sizes, minlength=len(unique)).astype(np.int64)
+        columns = len(counts[0].values)
+        values = [
+            pd.concat([c.values[number] for c in counts], ignore_index=True)
+            .groupby(["key", "code"], sort=True)["records"].sum().reset_index()
+            for number in range(columns)
+        ]
+        return cls(unique, total, values)
+
+    def without(self, failing: np.ndarray) -> "GroupCounts":
+        """The counts of the groups not in ``failing`` (keys)."""
+        keep = ~np.isin(self.keys, failing)
+        values = [table[~table["key"].isin(failing)].reset_index(drop=True) for table in self.values]
+        return GroupCounts(self.keys[keep], self.sizes[keep], values)
+
+    def matrices(self, criteria: list) -> list[np.ndarray]:
+        """Per criterion, the (groups × domain) count matrix, groups in key order."""
+        result = []
+        for criterion, table in zip(criteria, self.values):
+            groups = np.searchsorted(self.keys, table["key"].to_numpy(dtype=np.int64))  # keys are sorted
+            result.append(group_value_counts(
+                groups, table["code"].to_numpy(dtype=np.int64), len(self.keys), len(criterion.domain),
+                table["records"].to_numpy(dtype=np.float64),
+            ))
+        return result
+
+
+def failing_groups(groups: GroupCounts, criteria: list) -> np.ndarray:
+    """Keys of the published groups that fail a declared criterion (``suppress_failing_groups``' rule)."""
+    enforced = [(number, c) for number, c in enumerate(criteria) if c.declared]
+    if not enforced or not len(groups.keys):
+        return np.zeros(0, dtype=np.int64)
+    matrices = groups.matrices(criteria)
+    ok = np.ones(len(groups.keys), dtype=bool)
+    for number, criterion in enforced:
+        ok &= criterion.satisfied(matrices[number])
+    return groups.keys[~ok]
+
+
+# --------------------------------------------------------------------------- C. perturb and suppress
+
+
+@dataclass
+class ClassPartition:
+    """What a class partition tells the flow (counts, codes and private figures; no value)."""
+
+    index: int
+    records: int
+    perturbation: dict
+    suppression: dict
+    groups: GroupCounts
+    classes: pd.DataFrame  # per class: class, key (-1: none published), published, linked:<col>..., predicted, measured
+    errors: dict  # per ε-quasi: sums and counts of the relative errors over perturbed records
+    meta: pd.DataFrame | None = field(default=None, repr=False)  # the published columns' types (no row)
+
+
+def order_ranges(keys: np.ndarray, parts: int) -> np.ndarray:
+    """The range (0..parts-1) of each release-order key: equal slices of the 64-bit key space, in order."""
+    high = (np.asarray(keys, dtype=np.uint64) >> np.uint64(32)).astype(np.uint64)
+    return ((high * np.uint64(parts)) >> np.uint64(32)).astype(np.int64)
+
+
+def perturb_and_suppress(
+    index: int,
+    pieces: int,
+    scratch: str,
+    spec: ReleaseSpec,
+    streams: RecordStreams,
+    hierarchies: dict,
+    levels: dict | None,
+    coder: GroupCoder,
+    parts: int,
+) -> ClassPartition:
+    """Stage C on one class partition (whole classes): the in-memory path's stage functions as they are."""
+    area = Scratch(scratch)
+    loaded = [area.read("shuffle", index, piece) for piece in range(pieces) if area.exists("shuffle", index, piece)]
+    if not loaded:
+        return ClassPartition(index, 0, {}, {}, GroupCounts.empty(len(coder.sensitive)), pd.DataFrame(), {})
+    kept = pd.concat([frame for frame, _ in loaded])
+    class_ids = np.concatenate([ids for _, ids in loaded])
+    roles = spec.roles.names()
+    perturbed = perturb(kept, class_ids, spec.roles.e_quasi, spec.epsilon_split(), spec.scale_basis, streams)
+    suppression = suppress_records(kept, perturbed.frame, class_ids, perturbed.scales, spec)
+    published = ~suppression.removed
+    labels = published_labels(kept[roles["k_quasi"]], class_ids, published, hierarchies, levels)
+    merged = merge_release_columns(labels, kept, perturbed.frame, roles)
+    keys = coder.keys(labels)
+    codes = [coder.value_codes(number, kept[column]) for number, column in enumerate(coder.sensitive)]
+    groups = GroupCounts.count(keys[published], [column[published] for column in codes])
+    classes = _class_table(kept, perturbed, class_ids, published, keys, spec)
+    errors = _error_sums(kept, perturbed, spec)
+    positions = source_positions(kept)
+    order_keys = streams.order_keys(positions)
+    ranges = order_ranges(order_keys, parts)
+    for target in np.unique(ranges[published]):
+        chosen = published & (ranges == target)
+        rows = merged[chosen]
+        area.write(
+            {"frame": rows.reset_index(drop=True), "positions": positions[chosen], "order": order_keys[chosen],
+             "keys": keys[chosen], "codes": [column[chosen] for column in codes]},
+            "ordered", int(target), index,
+        )
+    area.remove("shuffle", index)
+    return ClassPartition(
+        index, len(kept), perturbed.report, suppression.report, groups, classes, errors, merged.iloc[:0]
+    )
+
+
+def _class_table(kept, perturbed, class_ids, published, keys, spec) -> pd.DataFrame:
+    """Per class of the partition: its published group's key, published records, records linked per
+    ε-quasi (published ones, by nearest original in the class) and its mean predicted and measured error."""
+    classes, dense = np.unique(class_ids, return_inverse=True)
+    dense = dense.reshape(-1)
+    table = {"class": classes, "published": np.bincount(dense, weights=published, minlength=len(classes)).astype(np.int64)}
+    key = np.full(len(classes), -1, dtype=np.int64)
+    key[dense[published]] = keys[published]  # the published rows of a class share its labels
+    table["key"] = key
+    for quasi in spec.roles.e_quasi:
+        column = quasi.column
+        linked = linked_records(
+            kept[column].to_numpy(dtype=np.float64)[published],
+            perturbed.frame[column].to_numpy(dtype=np.float64)[published],
+            class_ids[published],
+        )
+        table[f"linked:{column}"] = np.bincount(dense[published], weights=linked, minlength=len(classes)).astype(np.int64)
+    predicted, measured = errors_by_class(kept, perturbed.frame, class_ids, perturbed.scales, spec)
+    table["predicted"], table["measured"] = predicted, measured
+    return pd.DataFrame(table)
+
+
+def _error_sums(kept, perturbed, spec) -> dict:
+    """Per ε-quasi: the sums behind the release's mean errors (over perturbed records with a non-zero value)."""
+    sums = {}
+    for quasi in spec.roles.e_quasi:
+        column = quasi.column
+        values = kept[column].to_numpy(dtype=np.float64)
+        noisy = perturbed.frame[column].to_numpy(dtype=np.float64)
+        nonzero = values != 0
+        expected = expected_relative_errors(
+            values, perturbed.scales[column], lower=quasi.lower, upper=quasi.upper,
+            epsilon=spec.epsilon_split()[column], scale_basis=spec.scale_basis,
+        )
+        sums[column] = {
+            "nonzero": int(nonzero.sum()),
+            "zero": int((~nonzero).sum()),
+            "predicted": float(expected[nonzero].sum()),
+            "measured": float((np.abs(noisy[nonzero] - values[nonzero]) / np.abs(values[nonzero])).sum()),
+        }
+    return sums
+
+
+# --------------------------------------------------------------------------- reductions of stage C
+
+
+def add_reports(reports: list[dict]) -> dict:
+    """Partition reports added up: counts summed, parameters (k, c, ε, grids, texts) kept, mean scales
+    weighted by records."""
+    reports = [r for r in reports if r]
+    if not reports:
+        return {}
+    total = {}
+    for key, value in reports[0].items():
+        values = [r.get(key) for r in reports]
+        if isinstance(value, dict):
+            total[key] = add_reports(values)
+        elif isinstance(value, bool) or not isinstance(value, (int, float)) or key in _PARAMETERS:
+            total[key] = value  # a parameter, or a mean the caller recomputes from the parts
+        else:
+            total[key] = type(value)(sum(values))
+    return total
+
+
+_PARAMETERS = {
+    "k", "confidence", "epsilon", "epsilon_total", "grid", "scale_basis", "applied", "reason", "noise_streams", "mean_scale",
+}
+
+
+def combine_perturbation(results: list[ClassPartition]) -> dict:
+    """The perturbation report of the whole release from its class partitions'."""
+    reports = [r.perturbation for r in results if r.perturbation]
+    if not reports:
+        return {}
+    total = add_reports(reports)
+    records = [r["records"] for r in reports]
+    for column in total.get("columns", {}):
+        scales = [r["columns"][column]["mean_scale"] for r in reports]
+        total["columns"][column]["mean_scale"] = float(np.dot(scales, records) / max(sum(records), 1))
+    total["epsilon_split"] = reports[0]["epsilon_split"]
+    return total
+
+
+# --------------------------------------------------------------------------- D. publish
+
+
+@dataclass
+class PublishedPart:
+    """One part of the published dataset: its file, fingerprint, rows, the gate's column checks on it,
+    and its groups counted again from the rows written."""
+
+    index: int
+    name: str
+    sha256: str
+    rows: int
+    checks: dict
+    groups: GroupCounts
+    csv_bytes: int = 0
+
+
+def publish_part(
+    index: int,
+    pieces: int,
+    scratch: str,
+    staging: str,
+    failing: np.ndarray,
+    spec: ReleaseSpec,
+    meta: pd.DataFrame,
+    write_csv: bool,
+    sensitive_columns: int,
+) -> PublishedPart:
+    """Stage D on one order-key range: drop failing groups, sort into the published order, write the part."""
+    from .validate import validate_part
+
+    area = Scratch(scratch)
+    loaded = [area.read("ordered", index, piece) for piece in range(pieces) if area.exists("ordered", index, piece)]
+    if loaded:
+        frame = pd.concat([item["frame"] for item in loaded], ignore_index=True)
+        positions = np.concatenate([item["positions"] for item in loaded])
+        order = np.concatenate([item["order"] for item in loaded])
+        keys = np.concatenate([item["keys"] for item in loaded])
+        codes = [np.concatenate([item["codes"][n] for item in loaded]) for n in range(len(loaded[0]["codes"]))]
+    else:
+        frame, positions, order, keys = meta.copy(), np.zeros(0, np.int64), np.zeros(0, np.uint64), np.zeros(0, np.int64)
+        codes = [np.zeros(0, np.int64) for _ in range(sensitive_columns)]
+    keep = ~np.isin(keys, failing)
+    ordered = np.flatnonzero(keep)[np.lexsort((positions[keep], order[keep]))]  # RecordStreams.order's rule
+    frame = frame.iloc[ordered].reset_index(drop=True)
+    name = f"{DATASET}/part-{index:05d}.parquet"
+    sha256 = write_file(Path(staging) / name, parquet_bytes(frame))
+    csv_size = 0
+    if write_csv:
+        records = csv_records(frame)
+        area.write(records, "csv", index)
+        csv_size = len(records)
+    roles = spec.roles.names()
+    checks = validate_part(frame, k_quasi=roles["k_quasi"], e_quasi=roles["e_quasi"], explicit=roles["explicit"])
+    groups = GroupCounts.count(keys[ordered], [column[ordered] for column in codes])
+    area.remove("ordered", index)
+    return PublishedPart(index, name, sha256, len(frame), checks, groups, csv_size)
+
+
+def join_csv(staging: str, scratch: str, header: bytes, parts: int) -> str:
+    """Write ``data.csv``: the header, then every part's records in order; returns its SHA-256."""
+    import hashlib
+
+    area = Scratch(scratch)
+    digest = hashlib.sha256(header)
+    path = Path(staging) / DATA_CSV
+    descriptor = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o666)
+    with os.fdopen(descriptor, "wb") as handle:
+        handle.write(header)
+        for index in range(parts):
+            records = area.read("csv", index)
+            handle.write(records)
+            digest.update(records)
+            area.remove("csv", index)
+        handle.flush()
+        os.fsync(handle.fileno())
+    return digest.hexdigest()
+
+
+# --------------------------------------------------------------------------- Prefect tasks
+
+
+@task(name="plan-source", cache_policy=NO_CACHE, persist_result=False)
+def plan_source_task(source, partitions: int | None) -> SourcePlan:
+    """Prefect task: fingerprint the source and cut it into pieces."""
+    return plan_source(source, partitions)
+
+
+@task(name="intake", cache_policy=NO_CACHE, persist_result=False)
+def intake_task(plan: SourcePlan, piece: Piece, spec: ReleaseSpec, scratch: str) -> Intake:
+    """Prefect task: stage A on one piece."""
+    return intake(plan, piece, spec, scratch)
+
+
+@task(name="count-distinct", cache_policy=NO_CACHE, persist_result=False)
+def distinct_count_task(scratch: str, column_number: int, pieces: int) -> int:
+    """Prefect task: a column's distinct values over every piece."""
+    return distinct_count(scratch, column_number, pieces)
+
+
+@task(name="k-anonymise", cache_policy=NO_CACHE, persist_result=False)
+def anonymise_task(histogram: TupleHistogram, spec: ReleaseSpec) -> AnonymisedTuples:
+    """Prefect task: Mondrian or OLA on the whole table's histogram."""
+    return anonymise(histogram, spec)
+
+
+@task(name="distribute", cache_policy=NO_CACHE, persist_result=False)
+def distribute_task(index: int, offset: int, scratch: str, tuples, class_of_tuple, target_of_class) -> int:
+    """Prefect task: stage B on one piece."""
+    return distribute(index, offset, scratch, tuples, class_of_tuple, target_of_class)
+
+
+@task(name="perturb-suppress", cache_policy=NO_CACHE, persist_result=False)
+def perturb_task(index: int, pieces: int, scratch: str, spec: ReleaseSpec, streams: RecordStreams, hierarchies: dict,
+                 levels: dict | None, coder: GroupCoder, parts: int) -> ClassPartition:
+    """Prefect task: stage C on one class partition (its noise keyed by the release's streams)."""
+    return perturb_and_suppress(index, pieces, scratch, spec, streams, hierarchies, levels, coder, parts)
+
+
+@task(name="publish-part", cache_policy=NO_CACHE, persist_result=False)
+def publish_task(index: int, pieces: int, scratch: str, staging: str, failing, spec: ReleaseSpec, meta,
+                 write_csv: bool, sensitive_columns: int) -> PublishedPart:
+    """Prefect task: stage D on one order-key range."""
+    return publish_part(index, pieces, scratch, staging, failing, spec, meta, write_csv, sensitive_columns)
+
+
+@task(name="write-csv", cache_policy=NO_CACHE, persist_result=False)
+def join_csv_task(staging: str, scratch: str, header: bytes, parts: int) -> str:
+    """Prefect task: join the parts' records into data.csv."""
+    return join_csv(staging, scratch, header, parts)
+
+
+# --------------------------------------------------------------------------- the release's figures
+
+
+@dataclass
+class Outcome:
+    """The private record's outcome figures of a partitioned release (``release_metrics``' fields), the
+    published groups after diversity suppression, and what the private figures need."""
+
+    metrics: dict
+    groups: GroupCounts
+    figure_inputs: dict
+
+
+def combine_outcome(
+    results: list[ClassPartition], failing: np.ndarray, groups: GroupCounts, anonymiser: dict, spec: ReleaseSpec,
+    criteria: list,
+) -> Outcome:
+    """Add the class partitions up into ``release_metrics``' figures, with the failing groups removed.
+
+    Counts are exact. The mean errors are sums over partitions divided by counts, so they may differ from
+    the in-memory path's in the last bits (the order of a floating-point sum); the linking risk, a ratio
+    of counts, does not.
+    """
+    tables = [r.classes for r in results if len(r.classes)]
+    classes = pd.concat(tables, ignore_index=True).sort_values("class", kind="stable") if tables else pd.DataFrame(
+        {"class": [], "key": [], "published": []})
+    in_failing = classes["key"].isin(failing).to_numpy() & (classes["key"].to_numpy() >= 0)
+    published = np.where(in_failing, 0, classes["published"].to_numpy(dtype=np.int64))
+    suppression = add_reports([r.suppression for r in results])
+    rows_removed = {
+        "anonymiser_suppression": int(anonymiser["rows"] - anonymiser["kept_rows"]),
+        "confidence_suppression_record_rule": int(suppression.get("removed_by_record_rule", 0)),
+        "confidence_suppression_class_rule": int(suppression.get("removed_by_class_rule", 0)),
+    }
+    if declared(criteria):
+        rows_removed["diversity_suppression"] = int(classes["published"].to_numpy()[in_failing].sum())
+    per_column = {}
+    for quasi in spec.roles.e_quasi:
+        column = quasi.column
+        sums = [r.errors[column] for r in results if r.errors]
+        nonzero = sum(s["nonzero"] for s in sums)
+        linked = int(classes[f"linked:{column}"].to_numpy()[~in_failing].sum()) if len(classes) else 0
+        per_column[column] = {
+            "measured_relative_error": sum(s["measured"] for s in sums) / nonzero if nonzero else 0.0,
+            "predicted_relative_error": sum(s["predicted"] for s in sums) / nonzero if nonzero else 0.0,
+            "linking_risk": linked / int(published.sum()) if published.sum() else 0.0,
+            "zero_values_excluded": sum(s["zero"] for s in sums),
+        }
+    from kepsilon.engine.metrics import class_statistics_from_sizes
+
+    columns = per_column.values()
+    metrics = {
+        "rows_removed": rows_removed,
+        "rows_published": int(published.sum()),
+        "information_loss": {
+            "measured": float(np.mean([c["measured_relative_error"] for c in columns])) if columns else 0.0,
+            "predicted": float(np.mean([c["predicted_relative_error"] for c in columns])) if columns else 0.0,
+            "per_column": per_column,
+            "k_quasi_precision": anonymiser.get("precision"),
+        },
+        "linking_risk": max((c["linking_risk"] for c in columns), default=0.0),
+        "classes": class_statistics_from_sizes(published, sum(rows_removed.values())),
+    }
+    final = groups.without(failing)
+    figure_inputs = {
+        "group_sizes": final.sizes,
+        "predicted": classes["predicted"].to_numpy(dtype=np.float64) if len(classes) else np.zeros(0),
+        "measured": classes["measured"].to_numpy(dtype=np.float64) if len(classes) else np.zeros(0),
+    }
+    return Outcome(metrics, final, figure_inputs)
+
+
+def gate_tables(groups: GroupCounts, coder: GroupCoder, criteria: list, weight: str) -> tuple[pd.DataFrame, dict]:
+    """The gate's aggregated tables of the published groups: (labels, records) per group, and per
+    declared criterion (labels, value, records) per group and value."""
+    table = coder.labels(groups.keys)
+    table[weight] = groups.sizes
+    per_criterion = {}
+    for number, criterion in enumerate(criteria):
+        if not criterion.declared:
+            continue
+        values = groups.values[number]
+        frame = coder.labels(values["key"].to_numpy(dtype=np.int64))
+        frame[criterion.column] = pd.array(coder.values(number, values["code"].to_numpy()), dtype=object)
+        frame[weight] = values["records"].to_numpy(dtype=np.int64)
+        per_criterion[criterion.column] = frame
+    return table, per_criterion
