@@ -128,10 +128,17 @@ def missing_values(values: pd.Series, missing_texts: list[str] | None) -> np.nda
 
 
 def k_quasi_texts(values: pd.Series) -> pd.Series:
-    """A k-quasi as text: CSV cells as they are, typed (Parquet) values as data.csv writes them."""
+    """A k-quasi as text: CSV cells as they are, typed (Parquet) values as data.csv writes them.
+
+    Converted once per distinct value (a k-quasi repeats its values): the distinct values' texts, then
+    one take.
+    """
     if arrow_type(values.dtype) is None and isinstance(values.dtype, pd.StringDtype):
         return values
-    return pd.Series(pd.array(cell_texts(values), dtype=str), index=values.index, name=values.name)
+    codes, distinct = pd.factorize(values, use_na_sentinel=True)
+    texts = pd.array(cell_texts(pd.Series(distinct, dtype=values.dtype)), dtype=str)
+    texts = pd.array([*texts, None], dtype=str)  # code -1 (a missing value) takes the last: missing
+    return pd.Series(texts.take(codes), index=values.index, name=values.name)
 
 
 def e_quasi_numbers(values: pd.Series, column: str) -> pd.Series:

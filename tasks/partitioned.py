@@ -43,7 +43,7 @@ from prefect.cache_policies import NO_CACHE
 
 from kepsilon.engine.anonymise import AnonymisedTuples, histogram_of, k_anonymise_histogram
 from kepsilon.engine.assemble import merge_release_columns
-from kepsilon.engine.criteria import MISSING, declared, group_value_counts, groups_satisfy, value_strings
+from kepsilon.engine.criteria import MISSING, declared, domain_codes, group_value_counts
 from kepsilon.engine.histogram import TupleHistogram, merge_histograms
 from kepsilon.engine.metrics import errors_by_class, expected_relative_errors, linked_records
 from kepsilon.engine.partition import published_labels
@@ -310,7 +310,8 @@ class GroupCoder:
         """The group key of each row's labels (mixed radix over the label codes)."""
         key = np.zeros(len(labels), dtype=np.int64)
         for column, vocabulary, radix in zip(self.columns, self.vocabularies, self.radices):
-            key = key * radix + vocabulary.get_indexer(labels[column].to_numpy(dtype=object))
+            codes, distinct = pd.factorize(labels[column])  # labels repeat: match each distinct one once
+            key = key * radix + vocabulary.get_indexer(pd.Index(distinct, dtype=object))[codes]
         return key
 
     def labels(self, keys: np.ndarray) -> pd.DataFrame:
@@ -324,7 +325,7 @@ class GroupCoder:
 
     def value_codes(self, number: int, values: pd.Series) -> np.ndarray:
         """Domain codes of a sensitive column's values (every value read is in its domain)."""
-        codes = self.domains[number].get_indexer(value_strings(values, self.numeric[number]).to_numpy(dtype=object))
+        codes = domain_codes(values, self.numeric[number], self.domains[number])
         if (codes < 0).any():
             raise InputError(self.sensitive[number], f"{int((codes < 0).sum())} value(s) are outside the sensitive column's domain")
         return codes.astype(np.int64)

@@ -186,7 +186,7 @@ class ColumnCriteria:
 
     def codes(self, values: pd.Series) -> np.ndarray:
         """Domain code of every value; refuses a value outside the domain (named by column, not value)."""
-        codes = self.index.get_indexer(value_strings(values, self.numeric))
+        codes = domain_codes(values, self.numeric, self.index)
         if (codes < 0).any():
             raise InputError(self.column, f"{int((codes < 0).sum())} value(s) are outside the sensitive column's domain")
         return codes.astype(np.int64)
@@ -236,6 +236,16 @@ def value_strings(values: pd.Series, numeric: bool = False) -> pd.Series:
     codes, uniques = pd.factorize(values, use_na_sentinel=True)
     text = np.array([repr(float(v)) if numeric else str(v) for v in uniques] + [MISSING], dtype=object)
     return pd.Series(text[codes], index=values.index)
+
+
+def domain_codes(values: pd.Series, numeric: bool, domain: pd.Index) -> np.ndarray:
+    """Each value's position in ``domain`` (a domain of value strings; -1 if absent), matched once per
+    distinct value: ``domain.get_indexer(value_strings(values, numeric))`` without a string per row."""
+    if numeric:
+        values = pd.to_numeric(values, errors="coerce").astype(np.float64)
+    codes, uniques = pd.factorize(values, use_na_sentinel=True)
+    text = [repr(float(v)) if numeric else str(v) for v in uniques] + [MISSING]
+    return domain.get_indexer(pd.Index(text, dtype=object))[codes]
 
 
 def group_value_counts(groups: np.ndarray, codes: np.ndarray, n_groups: int, m: int, weights=None) -> np.ndarray:

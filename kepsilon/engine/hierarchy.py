@@ -54,9 +54,14 @@ class Hierarchy:
         return len(self.labels)
 
     def leaf_codes(self, values: pd.Series) -> np.ndarray:
-        """Integer leaf code of every value; raises if any value is not a leaf."""
-        check_covers(self, values)
-        return self.leaves.get_indexer(_as_strings(values)).astype(np.int64)
+        """Integer leaf code of every value; raises if any value is not a leaf.
+
+        The values are factorised first, so the text matching runs once per distinct value.
+        """
+        value_codes, distinct = pd.factorize(values, use_na_sentinel=False)
+        distinct = pd.Series(distinct, name=values.name)
+        check_covers(self, distinct)
+        return self.leaves.get_indexer(_as_strings(distinct)).astype(np.int64)[value_codes]
 
 
 def _as_strings(values: pd.Series) -> pd.Series:
