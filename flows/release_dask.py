@@ -20,6 +20,7 @@ the deployments and the UI's run form need nothing else.
 """
 
 import getpass
+import logging
 import shutil
 from datetime import datetime, timezone
 from pathlib import Path
@@ -100,14 +101,51 @@ def dask_task_runner(execution):
     if execution.scheduler:
         return DaskTaskRunner(address=execution.scheduler)
     return DaskTaskRunner(
-        cluster_kwargs={"n_workers": execution.workers, "processes": True, "dashboard_address": None}
+        # A free port for the dashboard: runs side by side must not fight over 8787.
+        cluster_kwargs={"n_workers": execution.workers, "processes": True, "dashboard_address": ":0"}
     )
 
 
 def release_on_dask(spec: ReleaseSpec) -> dict:
     """Run ``governed-release-dask`` on the task runner the spec's ``execution`` names (a subflow when
     called from a flow)."""
+    import distributed  # noqa: F401 - its import sets its loggers' levels; ours comes after
+
+    # The cluster's own chatter (workers joining, leaving) is not the release's log.
+    logging.getLogger("distributed").setLevel(logging.WARNING)
     return governed_release_dask.with_options(task_runner=dask_task_runner(spec.execution))(spec)
+
+
+def _flush_workers() -> None:
+    """Send the workers' queued Prefect logs and events now and stop their senders: a worker process
+    then exits as soon as its cluster closes, instead of being killed after a timeout."""
+    from prefect.context import FlowRunContext
+
+    context = FlowRunContext.get()
+    client = getattr(getattr(context, "task_runner", None), "_client", None)
+    if client is None:
+        return
+    try:
+        client.run(_drain_prefect_services)
+    except Exception as failure:  # noqa: BLE001 - a worker that cannot flush loses log lines, not the release
+        get_run_logger().warning("could not flush the workers' logs (%s)", type(failure).__name__)
+
+
+def _drain_prefect_services() -> None:
+    """On a worker: drain Prefect's log and event senders (in a thread of its own: the worker's event loop
+    would turn the drain into a coroutine nobody awaits)."""
+    import threading
+
+    from prefect.events.worker import EventsWorker
+    from prefect.logging.handlers import APILogWorker
+
+    def drain() -> None:
+        APILogWorker.drain_all(timeout=10)
+        EventsWorker.drain_all(timeout=10)
+
+    thread = threading.Thread(target=drain, name="kepsilon-drain")
+    thread.start()
+    thread.join(timeout=30)
 
 
 @flow(name="governed-release-dask", persist_result=False, log_prints=False, validate_parameters=True)
@@ -142,6 +180,7 @@ def governed_release_dask(spec: ReleaseSpec) -> dict:
             return _release(spec, plan, key, operator, store, started_at, figures_dir, output_dir, scratch)
     finally:
         Scratch(scratch).remove_all()
+        _flush_workers()
 
 
 def _release(spec, plan, key, operator, store, started_at, figures_dir, output_dir, scratch) -> dict:

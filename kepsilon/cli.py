@@ -137,6 +137,54 @@ def _prefect_api() -> Iterator[Optional["LocalServer"]]:  # noqa: F821
             log_path.unlink(missing_ok=True)
 
 
+class StageBars:
+    """Progress bars at the terminal, one per stage of a release with partitions (``tasks/progress.py``).
+
+    Drawn only once a stage starts, so a release that reports no stage (the memory engine today) prints
+    exactly what it printed before.
+    """
+
+    def __init__(self, console: Console):
+        self.console = console
+        self.progress = None
+        self.bars: dict[str, int] = {}
+
+    def stage_started(self, name: str, total: int) -> None:
+        from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
+
+        if self.progress is None:
+            self.progress = Progress(
+                TextColumn("{task.description:<18}"), BarColumn(), MofNCompleteColumn(), TextColumn("partitions"),
+                TimeElapsedColumn(), console=self.console,
+            )
+            self.progress.start()
+        self.bars[name] = self.progress.add_task(name, total=total)
+
+    def stage_advanced(self, name: str, done: int, total: int) -> None:
+        self.progress.update(self.bars[name], completed=done)
+
+    def stage_finished(self, name: str, done: int, total: int, seconds: float) -> None:
+        self.progress.update(self.bars[name], completed=done)
+        self.progress.stop_task(self.bars[name])
+
+    def close(self) -> None:
+        if self.progress is not None:
+            self.progress.stop()
+
+
+@contextlib.contextmanager
+def _stage_bars() -> Iterator[None]:
+    from kepsilon.tasks.progress import add_listener, remove_listener
+
+    bars = StageBars(errors)
+    add_listener(bars)
+    try:
+        yield
+    finally:
+        remove_listener(bars)
+        bars.close()
+
+
 def _refused(failure: KepsilonError, debug: bool) -> None:
     from kepsilon.tasks.errors import ReleaseFailed, ValidationFailed
 
@@ -188,7 +236,7 @@ def release(
         with _prefect_api() as local_server:
             from kepsilon.flows.release import governed_release
 
-            with contextlib.nullcontext() if debug else _console_filter(quiet):
+            with contextlib.nullcontext() if debug else _console_filter(quiet), _stage_bars():
                 try:
                     manifest = governed_release(spec)
                 finally:

@@ -72,6 +72,7 @@ from kepsilon.tasks.errors import SpecError  # noqa: E402
 logger = logging.getLogger(__name__)
 # GE logs at INFO/DEBUG on every run; a release log should carry our outcome, not its chatter.
 logging.getLogger("great_expectations").setLevel(logging.WARNING)
+logging.getLogger("great_expectations.data_context.types.base").setLevel(logging.WARNING)  # set to INFO by GE itself
 
 K_ANONYMOUS_GROUPS = "k_anonymous_groups"
 SUPPRESSION_WITHIN_BUDGET = "suppression_within_budget"
