@@ -1,0 +1,326 @@
+"""The partitioned (Dask) release path publishes exactly what the in-memory path publishes for the same seed.
+
+Two levels. The stage functions of ``tasks/partitioned.py`` run in this process over several partition
+counts and sources (a CSV, a CSV whose fields hold quoted line breaks and empty cells, a typed Parquet
+dataset), and their parts are compared cell by cell, and data.csv byte by byte, with
+``kepsilon.engine.preview`` (the in-memory path's stages) for the same seed; refusals too. Then the real
+flow runs on Dask — local clusters of 1 and 2 worker processes, one of each shared by the module — and its
+published folder is compared with the in-memory path run with the seed it sealed.
+"""
+
+import csv
+import io
+import json
+from pathlib import Path
+
+import numpy as np
+import pandas as pd
+import pyarrow as pa
+import pyarrow.parquet as pq
+import pytest
+
+from kepsilon.engine.metrics import release_metrics
+from kepsilon.engine.preview import preview
+from kepsilon.engine.randomness import RecordStreams
+from kepsilon.flows.manifest import published_groups
+from kepsilon.flows.spec import ReleaseSpec
+from kepsilon.tasks.classify import classify
+from kepsilon.tasks.errors import InputError, KepsilonError, SpecError
+from kepsilon.tasks.ingest import read_source
+from kepsilon.tasks.partitioned import (
+    DATASET,
+    GroupCoder,
+    GroupCounts,
+    Scratch,
+    anonymise,
+    class_targets,
+    combine_intakes,
+    combine_outcome,
+    distinct_count,
+    distribute,
+    failing_groups,
+    intake,
+    order_ranges,
+    perturb_and_suppress,
+    publish_part,
+)
+from kepsilon.tasks.publish import csv_bytes, csv_header, parquet_bytes
+from kepsilon.tasks.sources import plan_source
+
+from .conftest import SYNTHETIC, release_spec_dict
+
+SEED = bytes(range(32))
+
+
+# --------------------------------------------------------------------------- sources
+
+
+@pytest.fixture(scope="module")
+def sources(tmp_path_factory) -> dict[str, dict]:
+    """Source settings (for the spec) of the three test sources."""
+    folder = tmp_path_factory.mktemp("sources")
+    sample = pd.read_csv(SYNTHETIC / "people.csv", sep=";", dtype=str, keep_default_na=False)
+
+    tricky = sample.head(4000).copy()
+    rows = np.arange(len(tricky))
+    tricky.loc[rows % 97 == 3, "RELIGION"] = 'Roman "Catholic",\nreformed'  # quotes, a comma, a line break
+    tricky.loc[rows % 89 == 5, "ICD"] = ""  # missing: published as a null
+    tricky_path = folder / "tricky.csv"
+    tricky.to_csv(tricky_path, sep=";", index=False, quoting=csv.QUOTE_MINIMAL, lineterminator="\r\n")
+
+    typed = sample.copy()
+    typed["YOB"] = typed["YOB"].astype("int64")
+    typed["HEIGHT"] = typed["HEIGHT"].astype("float64")
+    typed["RELIGION"] = typed["RELIGION"].mask(np.arange(len(typed)) % 50 == 7)  # nulls in a sensitive column
+    dataset = folder / "dataset"
+    dataset.mkdir()
+    for number, chunk in enumerate(np.array_split(np.arange(len(typed)), 3)):
+        pq.write_table(pa.Table.from_pandas(typed.iloc[chunk], preserve_index=False), dataset / f"part-{number}.parquet",
+                       row_group_size=2500)
+    return {
+        "sample": {"path": str(SYNTHETIC / "people.csv"), "delimiter": ";"},
+        "tricky": {"path": str(tricky_path), "delimiter": ";"},
+        "dataset": {"path": str(dataset)},
+    }
+
+
+def make_spec(source: dict, tmp_path: Path, **changes) -> ReleaseSpec:
+    sensitive = changes.pop("sensitive", None)
+    data = release_spec_dict(
+        "paper-synthetic", release_id="dask-test", population_id="test-population", source=source,
+        output_dir=str(tmp_path / "out"), **changes,
+    )
+    if sensitive is not None:
+        data["roles"]["sensitive"] = sensitive
+    return ReleaseSpec.model_validate(data)
+
+
+def in_memory(spec: ReleaseSpec, seed: bytes):
+    """What the in-memory path publishes with ``seed``: the table, data.csv's bytes, the metrics."""
+    frame = classify(read_source(spec.source).frame, spec).frame
+    result = preview(frame, spec, seed)
+    return result.released, csv_bytes(result.released), result
+
+
+def as_published(frame: pd.DataFrame) -> pd.DataFrame:
+    """The table as data.parquet holds it (types as published)."""
+    return pq.read_table(io.BytesIO(parquet_bytes(frame))).to_pandas()
+
+
+# --------------------------------------------------------------------------- the stages, in this process
+
+
+def run_stages(spec: ReleaseSpec, seed: bytes, partitions: int, folder: Path):
+    """The partitioned path's stages one after the other, as the flow orders them (no Prefect, no Dask)."""
+    scratch = folder / "scratch"
+    Scratch(scratch).create()
+    root = str(scratch)
+    plan = plan_source(spec.source, partitions)
+    pieces = len(plan.pieces)
+    intakes = [intake(plan, piece, spec, root) for piece in plan.pieces]
+    table = combine_intakes(intakes, spec, lambda number: distinct_count(root, number, pieces))
+    anonymised = anonymise(table.histogram, spec)
+    classes = anonymised.classes
+    targets = class_targets(table.histogram, classes.class_of_tuple, pieces)
+    for piece, offset in zip(plan.pieces, table.offsets):
+        distribute(piece.index, offset, root, table.histogram.tuples, classes.class_of_tuple, targets)
+    coder = GroupCoder.build(spec, anonymised.hierarchies, anonymised.criteria)
+    parts = [
+        perturb_and_suppress(j, pieces, root, spec, RecordStreams(seed), anonymised.hierarchies, classes.levels, coder, pieces)
+        for j in range(pieces)
+    ]
+    groups = GroupCounts.add([part.groups for part in parts])
+    failing = failing_groups(groups, anonymised.criteria)
+    outcome = combine_outcome(parts, failing, groups, classes.report, spec, anonymised.criteria)
+    meta = next(part.meta for part in parts if part.meta is not None)
+    staging = folder / "staging"
+    (staging / DATASET).mkdir(parents=True)
+    written = [publish_part(q, pieces, root, str(staging), failing, spec, meta, True, len(coder.sensitive))
+               for q in range(pieces)]
+    data_csv = csv_header(meta) + b"".join(Scratch(root).read("csv", q) for q in range(pieces))
+    published = pq.read_table(staging / DATASET).to_pandas()
+    return published, data_csv, outcome, written, plan
+
+
+CASES = [
+    ("sample", 1, {}),
+    ("sample", 2, {}),
+    ("sample", 7, {}),
+    ("tricky", 3, {"sensitive": [{"column": "RELIGION", "l_diversity": {"l": 2}}, "ICD"]}),
+    ("tricky", 5, {"algorithm": "ola", "sensitive": ["RELIGION", {"column": "ICD", "t_closeness": {"t": 0.6}}]}),
+    ("dataset", 1, {}),
+    ("dataset", 4, {"scale_basis": "bounds"}),
+]
+
+
+@pytest.mark.parametrize("source, partitions, changes", CASES)
+def test_the_stages_publish_the_in_memory_values_in_its_order(sources, tmp_path, source, partitions, changes):
+    spec = make_spec(sources[source], tmp_path, **changes)
+    expected, expected_csv, memory = in_memory(spec, SEED)
+    published, data_csv, outcome, written, plan = run_stages(spec, SEED, partitions, tmp_path)
+
+    assert len(plan.pieces) == partitions
+    pd.testing.assert_frame_equal(published, as_published(expected))  # cell by cell, in the same order
+    assert data_csv == expected_csv
+    assert len(published) > 0.9 * memory.partition.report["rows"]
+    # The private figures: counts exactly, mean errors up to the order of a floating-point sum.
+    metrics = memory.metrics
+    for key in ("rows_removed", "rows_published", "linking_risk", "classes"):
+        assert outcome.metrics[key] == metrics[key], key
+    loss, expected_loss = outcome.metrics["information_loss"], metrics["information_loss"]
+    assert loss["measured"] == pytest.approx(expected_loss["measured"], rel=1e-12)
+    assert loss["predicted"] == pytest.approx(expected_loss["predicted"], rel=1e-12)
+    sizes = GroupCounts.add([part.groups for part in written]).sizes
+    figures = published_groups(expected, [q.column for q in spec.roles.k_quasi], metrics["rows_published"])
+    assert (len(sizes), int(sizes.min())) == (figures["published"], figures["smallest"])
+    assert all(all(checks.values()) for checks in (part.checks for part in written))
+
+
+def test_the_csv_pieces_end_at_record_boundaries_not_at_quoted_line_breaks(sources):
+    spec = ReleaseSpec.model_validate(release_spec_dict("paper-synthetic", source=sources["tricky"]))
+    plan = plan_source(spec.source, 40)
+    raw = Path(sources["tricky"]["path"]).read_bytes()
+    starts = [piece.segments[0][0] for piece in plan.pieces]
+    assert len(starts) == 40 and all(raw[start - 2:start] == b"\r\n" for start in starts[1:])
+    # Every piece starts outside quotes: an even number of quote characters before it.
+    assert all(raw[:start].count(b'"') % 2 == 0 for start in starts)
+    assert plan.sha256 == read_source(spec.source).sha256
+
+
+@pytest.mark.parametrize(
+    "problem",
+    ["k_quasi_missing", "e_quasi_text", "e_quasi_outside", "k_too_large", "identifier"],
+)
+def test_bad_input_is_refused_with_the_in_memory_message(tmp_path, problem):
+    sample = pd.read_csv(SYNTHETIC / "people.csv", sep=";", dtype=str, keep_default_na=False).head(3000)
+    changes = {}
+    if problem == "k_quasi_missing":
+        sample.loc[[10, 1500, 2999], "RACE"] = ""
+    elif problem == "e_quasi_text":
+        sample.loc[[5, 2200], "HEIGHT"] = "1,70"
+    elif problem == "e_quasi_outside":
+        sample.loc[[7, 8, 2900], "HEIGHT"] = "250"
+    elif problem == "k_too_large":
+        changes["k"] = 3001
+    path = tmp_path / "bad.csv"
+    sample.to_csv(path, sep=";", index=False)
+    spec = make_spec({"path": str(path), "delimiter": ";"}, tmp_path, **changes)
+    if problem == "identifier":  # a released e-mail column
+        data = spec.model_dump()
+        data["roles"]["explicit"].remove("EMAIL")
+        data["roles"]["sensitive"].append("EMAIL")
+        spec = ReleaseSpec.model_validate(data)
+    with pytest.raises(KepsilonError) as memory:
+        classify(read_source(spec.source).frame, spec)
+    with pytest.raises(KepsilonError) as partitioned:
+        run_stages(spec, SEED, 3, tmp_path)
+    assert type(partitioned.value) is type(memory.value) and str(partitioned.value) == str(memory.value)
+    assert isinstance(memory.value, (InputError, SpecError))
+
+
+def test_order_ranges_split_the_key_space_in_order():
+    keys = np.sort(np.random.default_rng(1).integers(0, 2**63, size=10_000, dtype=np.int64).astype(np.uint64) * 2)
+    ranges = order_ranges(keys, 7)
+    assert (np.diff(ranges) >= 0).all() and set(ranges) == set(range(7))
+    assert order_ranges(np.array([0, 2**64 - 1], dtype=np.uint64), 5).tolist() == [0, 4]
+
+
+# --------------------------------------------------------------------------- the flow on Dask
+
+
+@pytest.fixture(scope="module")
+def clusters():
+    """Local clusters of 1 and 2 worker processes, shared by the module's flow runs (each takes seconds to start)."""
+    from distributed import LocalCluster
+
+    one = LocalCluster(n_workers=1, threads_per_worker=1, processes=True, dashboard_address=":0")
+    two = LocalCluster(n_workers=2, threads_per_worker=1, processes=True, dashboard_address=":0")
+    try:
+        yield {1: one, 2: two}
+    finally:
+        two.close()
+        one.close()
+
+
+def unsealed_seed(store, release_id: str) -> bytes:
+    from kepsilon.audit.seeds import unseal_seed
+
+    return unseal_seed(store, release_id=release_id, by="test", reason="compare the engines")
+
+
+FLOW_CASES = [
+    (1, "sample", 1, {}),
+    (1, "dataset", 4, {}),
+    (2, "tricky", 3, {"sensitive": [{"column": "RELIGION", "l_diversity": {"l": 2}}, "ICD"]}),
+    (2, "sample", 5, {"algorithm": "ola"}),
+]
+
+
+@pytest.mark.flow
+@pytest.mark.usefixtures("prefect_harness")
+@pytest.mark.parametrize("workers, source, partitions, changes", FLOW_CASES)
+def test_the_flow_on_dask_publishes_what_the_in_memory_path_publishes(
+    clusters, sources, tmp_path, monkeypatch, workers, source, partitions, changes
+):
+    from kepsilon.flows.release import governed_release
+
+    from .conftest import capped_store
+
+    store = capped_store(tmp_path, monkeypatch, "test-population")
+    execution = {"engine": "dask", "scheduler": clusters[workers].scheduler_address, "partitions": partitions, "csv": True}
+    spec = make_spec(sources[source], tmp_path, execution=execution, **changes)
+    record = governed_release(spec)
+
+    folder = Path(record["output_dir"])
+    assert sorted(p.name for p in folder.iterdir()) == ["data.csv", "data.parquet", "manifest.json"]
+    assert len(list((folder / "data.parquet").iterdir())) == partitions
+    expected, expected_csv, memory = in_memory(spec, unsealed_seed(store, "dask-test"))
+    pd.testing.assert_frame_equal(pq.read_table(folder / "data.parquet").to_pandas(), as_published(expected))
+    assert (folder / "data.csv").read_bytes() == expected_csv
+    manifest = json.loads((folder / "manifest.json").read_text())
+    assert manifest == record["public_manifest"] and manifest["records"]["published"] == len(expected)
+    assert all(check["success"] for check in manifest["checks"])
+    assert [c["name"] for c in manifest["checks"]] == _in_memory_check_names(spec)
+    assert set(manifest["outputs"]) == {"data.csv", *(f"data.parquet/part-{q:05d}.parquet" for q in range(partitions))}
+    assert record["rows_removed"] == memory.metrics["rows_removed"]
+    assert record["execution"]["engine"] == "dask"
+    releases = list(store["releases"].rows)
+    assert [(r["release_id"], r["outcome"], r["rows_published"]) for r in releases] == [("dask-test", "published", len(expected))]
+    assert not (Path(spec.output_dir) / ".dask-test.scratch").exists()  # the private scratch is gone
+
+
+def _in_memory_check_names(spec: ReleaseSpec) -> list[str]:
+    from kepsilon.engine.anonymise import k_anonymise
+    from kepsilon.tasks.validate import validate_release
+
+    frame = classify(read_source(spec.source).frame, spec).frame
+    roles = spec.roles.names()
+    report = validate_release(
+        frame.head(0)[[c for c in frame.columns]], k_quasi=roles["k_quasi"], e_quasi=roles["e_quasi"],
+        explicit=roles["explicit"], k=spec.k, rows_in=len(frame), rows_removed=0,
+        suppression_budget=spec.suppression_budget, criteria=k_anonymise(frame, spec).criteria, linking_risk=0.0,
+        max_linking_risk=spec.max_linking_risk, max_prosecutor_risk=spec.max_prosecutor_risk,
+    )
+    return [c["name"] for c in report.checks]
+
+
+@pytest.mark.flow
+@pytest.mark.usefixtures("prefect_harness")
+def test_a_failed_gate_on_dask_publishes_nothing_and_records_the_failure(
+    clusters, sources, tmp_path, monkeypatch
+):
+    from kepsilon.flows.release import governed_release
+    from kepsilon.tasks.errors import ValidationFailed
+
+    from .conftest import capped_store
+
+    store = capped_store(tmp_path, monkeypatch, "test-population")
+    execution = {"engine": "dask", "scheduler": clusters[2].scheduler_address, "partitions": 2}
+    spec = make_spec(sources["sample"], tmp_path, execution=execution, max_linking_risk=0.001)
+    with pytest.raises(ValidationFailed, match="linking_risk_within_limit"):
+        governed_release(spec)
+    out = Path(spec.output_dir)
+    assert sorted(p.name for p in out.iterdir()) == []  # no release folder, no staging, no scratch
+    releases = list(store["releases"].rows)
+    assert [(r["release_id"], r["outcome"]) for r in releases] == [("dask-test", "failed")]
+    assert "linking_risk_within_limit" in releases[0]["failure_reason"]
