@@ -468,9 +468,13 @@ def perturb_and_suppress(
             "ordered", int(target), index,
         )
     area.remove("shuffle", index)
-    return ClassPartition(
-        index, len(kept), perturbed.report, suppression.report, groups, classes, errors, merged.iloc[:0]
-    )
+    return ClassPartition(index, len(kept), perturbed.report, suppression.report, groups, classes, errors, empty_like(merged))
+
+
+def empty_like(frame: pd.DataFrame) -> pd.DataFrame:
+    """A frame with ``frame``'s columns and types and no row, holding none of its buffers (a slice
+    ``frame.iloc[:0]`` would keep the whole partition alive in a task's result, and may pickle it)."""
+    return pd.DataFrame({column: pd.Series([], dtype=frame[column].dtype) for column in frame.columns})
 
 
 def _class_table(kept, perturbed, class_ids, published, keys, spec) -> pd.DataFrame:
