@@ -640,6 +640,38 @@ def join_csv(staging: str, scratch: str, header: bytes, parts: int) -> str:
 
 
 # --------------------------------------------------------------------------- Prefect tasks
+#
+# A worker runs partition after partition; each task hands back the memory its partition took before
+# the next one starts (``release_memory``), so a worker's peak is one partition's, however many it runs.
+
+
+def release_memory() -> None:
+    """Return a finished partition's memory: collect cycles, drop Arrow's cached buffers, trim the C heap."""
+    import ctypes
+    import gc
+
+    import pyarrow as pa
+
+    gc.collect()
+    pa.default_memory_pool().release_unused()
+    try:
+        ctypes.CDLL("libc.so.6").malloc_trim(0)
+    except (OSError, AttributeError):  # not glibc: nothing to trim
+        pass
+
+
+def _partition_task(function):
+    """Run ``function`` on a partition, then release what it took (see :func:`release_memory`)."""
+    import functools
+
+    @functools.wraps(function)
+    def run(*args, **kwargs):
+        try:
+            return function(*args, **kwargs)
+        finally:
+            release_memory()
+
+    return run
 
 
 @task(name="plan-source", cache_policy=NO_CACHE, persist_result=False)
@@ -651,7 +683,7 @@ def plan_source_task(source, partitions: int | None) -> SourcePlan:
 @task(name="intake", cache_policy=NO_CACHE, persist_result=False)
 def intake_task(plan: SourcePlan, piece: Piece, spec: ReleaseSpec, scratch: str) -> Intake:
     """Prefect task: stage A on one piece."""
-    return intake(plan, piece, spec, scratch)
+    return _partition_task(intake)(plan, piece, spec, scratch)
 
 
 @task(name="count-distinct", cache_policy=NO_CACHE, persist_result=False)
@@ -669,21 +701,21 @@ def anonymise_task(histogram: TupleHistogram, spec: ReleaseSpec) -> AnonymisedTu
 @task(name="distribute", cache_policy=NO_CACHE, persist_result=False)
 def distribute_task(index: int, offset: int, scratch: str, tuples, class_of_tuple, target_of_class) -> int:
     """Prefect task: stage B on one piece."""
-    return distribute(index, offset, scratch, tuples, class_of_tuple, target_of_class)
+    return _partition_task(distribute)(index, offset, scratch, tuples, class_of_tuple, target_of_class)
 
 
 @task(name="perturb-suppress", cache_policy=NO_CACHE, persist_result=False)
 def perturb_task(index: int, pieces: int, scratch: str, spec: ReleaseSpec, streams: RecordStreams, hierarchies: dict,
                  levels: dict | None, coder: GroupCoder, parts: int) -> ClassPartition:
     """Prefect task: stage C on one class partition (its noise keyed by the release's streams)."""
-    return perturb_and_suppress(index, pieces, scratch, spec, streams, hierarchies, levels, coder, parts)
+    return _partition_task(perturb_and_suppress)(index, pieces, scratch, spec, streams, hierarchies, levels, coder, parts)
 
 
 @task(name="publish-part", cache_policy=NO_CACHE, persist_result=False)
 def publish_task(index: int, pieces: int, scratch: str, staging: str, failing, spec: ReleaseSpec, meta,
                  write_csv: bool, sensitive_columns: int) -> PublishedPart:
     """Prefect task: stage D on one order-key range."""
-    return publish_part(index, pieces, scratch, staging, failing, spec, meta, write_csv, sensitive_columns)
+    return _partition_task(publish_part)(index, pieces, scratch, staging, failing, spec, meta, write_csv, sensitive_columns)
 
 
 @task(name="write-csv", cache_policy=NO_CACHE, persist_result=False)
