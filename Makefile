@@ -12,7 +12,7 @@ export PREFECT_SERVER_EPHEMERAL_STARTUP_TIMEOUT_SECONDS := 120
 export GX_ANALYTICS_ENABLED := false
 export DO_NOT_TRACK := 1
 
-.PHONY: install demo test bench disclosure-cost dp-adult serve deployment-check audit-ui audit-ui-check clean reliability paper
+.PHONY: install demo test bench bench-scale disclosure-cost dp-adult serve deployment-check audit-ui audit-ui-check clean reliability paper
 
 install: $(VENV)/.installed
 
@@ -31,9 +31,15 @@ demo: install
 test: install
 	$(BIN)/pytest
 
-## bench: stage timings, written to benchmarks/results.json
+## bench: stage timings and two whole releases (release-1m in memory, release-10m-dask), written to
+## benchmarks/results.json; the synthetic populations are generated once into benchmarks/.populations/
 bench: install
 	$(BIN)/python -m benchmarks.run
+
+## bench-scale: the dask engine at 1M, 5M and 10M rows and release-1m, with every process's peak memory
+## (benchmarks/scale-results.json); about 8 minutes
+bench-scale: install
+	$(BIN)/python -m benchmarks.scale --series
 
 ## disclosure-cost: what ℓ = 2 and t = 0.2 on salary-class cost on UCI Adult (markdown table)
 disclosure-cost: install

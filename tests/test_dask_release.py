@@ -287,6 +287,18 @@ def test_the_flow_on_dask_publishes_what_the_in_memory_path_publishes(
     releases = list(store["releases"].rows)
     assert [(r["release_id"], r["outcome"], r["rows_published"]) for r in releases] == [("dask-test", "published", len(expected))]
     assert not (Path(spec.output_dir) / ".dask-test.scratch").exists()  # the private scratch is gone
+    assert _progress_of(record["execution"]["flow_run_id"]) == 100.0
+
+
+def _progress_of(flow_run_id: str) -> float | None:
+    """The progress artifact of a flow run (per partition of each stage), as the UI shows it."""
+    from prefect.client.orchestration import get_client
+    from prefect.client.schemas.filters import ArtifactFilter, ArtifactFilterFlowRunId, ArtifactFilterType
+
+    with get_client(sync_client=True) as client:
+        artifacts = client.read_artifacts(artifact_filter=ArtifactFilter(
+            flow_run_id=ArtifactFilterFlowRunId(any_=[flow_run_id]), type=ArtifactFilterType(any_=["progress"])))
+    return artifacts[0].data if len(artifacts) == 1 else None
 
 
 def _in_memory_check_names(spec: ReleaseSpec) -> list[str]:
