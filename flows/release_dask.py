@@ -323,7 +323,7 @@ def _spend_check_stage(spec, key, plan, table, anonymised, coder, reservation, s
 
     written = GroupCounts.add([part.groups for part in published])  # the gate recounts what was written
     record["groups"] = groups_from_sizes(written.sizes, record["rows_in"])
-    record["columns"] = published_columns(meta, table_roles(spec))
+    record["columns"] = published_columns(meta, spec.roles.names())
     record["disclosure"] = disclosure_figures(written.sizes, written.matrices(criteria), criteria)
     validation = _gate(spec, record, written, coder, criteria, [part.checks for part in published])
     record["checks"] = validation.checks
@@ -342,10 +342,6 @@ def _spend_check_stage(spec, key, plan, table, anonymised, coder, reservation, s
     record["public_manifest"] = {**public, "outputs": dict(outputs)}
     record["execution"]["finished_at"] = datetime.now(timezone.utc).isoformat()
     return record, publication, outcome.figure_inputs
-
-
-def table_roles(spec: ReleaseSpec) -> dict:
-    return spec.roles.names()
 
 
 def _fresh_staging(output_dir: str, release_id: str) -> Path:
