@@ -58,9 +58,10 @@ def case_spec(folder: Path, source: Path, engine: str, fmt: str, partitions: int
     for quasi in spec["roles"]["k_quasi"]:
         quasi["hierarchy"] = str((TEMPLATE.parent / quasi["hierarchy"]).resolve())
     spec["output_dir"] = str(folder / "out")
-    spec["execution"] = {"engine": engine} if engine == "memory" else {**spec["execution"], "engine": engine}
-    if partitions:
-        spec["execution"]["partitions"] = partitions
+    if engine == "memory":
+        del spec["execution"]  # the default engine
+    else:
+        spec["execution"] = {**spec["execution"], "engine": engine} | ({"partitions": partitions} if partitions else {})
     path = folder / "spec.yaml"
     path.write_text(yaml.safe_dump(spec, sort_keys=False), encoding="utf-8")
     return path
