@@ -409,6 +409,8 @@ class ReleaseSpec(BaseModel):
     def _privacy_model_parameters(self):
         # Raised as SpecError (not ValueError) so that the error names the nested parameter.
         if self.privacy_model == "dp":
+            if self.execution.engine == "dask":
+                raise SpecError("execution.engine", "the DP mode runs in memory only (engine memory)")
             check_dp_parameters(self)
         else:
             check_kepsilon_parameters(self)

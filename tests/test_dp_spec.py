@@ -66,6 +66,7 @@ def test_the_guarantee_s_parameters_follow_from_the_spec():
         (dp_dict(publish_statistics=["linking_risk"]), "publish_statistics", "no statistic"),
         (dp_dict(dp=None), "dp", "needs its parameters"),
         (dp_dict(privacy_model="kepsilon"), "dp", "applies to privacy_model dp only"),
+        (dp_dict(execution={"engine": "dask"}), "execution.engine", "runs in memory only"),
     ],
 )
 def test_a_parameter_outside_the_theorem_is_refused_by_name(changes, parameter, message):
