@@ -274,7 +274,8 @@ def test_the_flow_on_dask_publishes_what_the_in_memory_path_publishes(
     folder = Path(record["output_dir"])
     assert sorted(p.name for p in folder.iterdir()) == ["data.csv", "data.parquet", "manifest.json"]
     assert len(list((folder / "data.parquet").iterdir())) == partitions
-    expected, expected_csv, memory = in_memory(spec, unsealed_seed(store, "dask-test"))
+    seed = unsealed_seed(store, "dask-test")
+    expected, expected_csv, memory = in_memory(spec, seed)
     pd.testing.assert_frame_equal(pq.read_table(folder / "data.parquet").to_pandas(), as_published(expected))
     assert (folder / "data.csv").read_bytes() == expected_csv
     manifest = json.loads((folder / "manifest.json").read_text())
@@ -288,6 +289,29 @@ def test_the_flow_on_dask_publishes_what_the_in_memory_path_publishes(
     assert [(r["release_id"], r["outcome"], r["rows_published"]) for r in releases] == [("dask-test", "published", len(expected))]
     assert not (Path(spec.output_dir) / ".dask-test.scratch").exists()  # the private scratch is gone
     assert _progress_of(record["execution"]["flow_run_id"]) == 100.0
+    _assert_the_api_never_saw_the_seed(record["execution"]["flow_run_id"], seed, partitions)
+
+
+def _assert_the_api_never_saw_the_seed(flow_run_id: str, seed: bytes, partitions: int) -> None:
+    """The flow run's parameters, task runs and logs as the Prefect API holds them: the perturbation tasks
+    ran (one per partition) with their inputs recorded as types only, and the seed appears nowhere."""
+    import base64
+
+    from prefect.client.orchestration import get_client
+    from prefect.client.schemas.filters import FlowRunFilter, FlowRunFilterId, LogFilter, LogFilterFlowRunId
+
+    with get_client(sync_client=True) as client:
+        run = client.read_flow_run(flow_run_id)
+        tasks = client.read_task_runs(flow_run_filter=FlowRunFilter(id=FlowRunFilterId(any_=[run.id])))
+        logs = client.read_logs(log_filter=LogFilter(flow_run_id=LogFilterFlowRunId(any_=[run.id])))
+    perturbing = [t for t in tasks if t.name.startswith("perturb-suppress")]
+    assert len(perturbing) == partitions
+    streams_inputs = {str(inp) for t in perturbing for inp in t.task_inputs.get("streams", [])}
+    assert streams_inputs == {"Constant(input_type='constant', type='RecordStreams')"}
+    seen = json.dumps({"parameters": run.parameters, "tasks": [t.model_dump(mode="json") for t in tasks],
+                       "logs": [entry.message for entry in logs]})
+    for form in (seed.hex(), base64.b64encode(seed).decode(), base64.urlsafe_b64encode(seed).decode(), repr(seed)):
+        assert form not in seen
 
 
 def _progress_of(flow_run_id: str) -> float | None:
