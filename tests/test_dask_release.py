@@ -294,7 +294,7 @@ def test_the_flow_on_dask_publishes_what_the_in_memory_path_publishes(
 
 def _assert_the_api_never_saw_the_seed(flow_run_id: str, seed: bytes, partitions: int) -> None:
     """The flow run's parameters, task runs and logs as the Prefect API holds them: the perturbation tasks
-    ran (one per partition) with their inputs recorded as types only, and the seed appears nowhere."""
+    ran (one per partition) with their inputs recorded as types at most, and the seed appears nowhere."""
     import base64
 
     from prefect.client.orchestration import get_client
@@ -306,8 +306,9 @@ def _assert_the_api_never_saw_the_seed(flow_run_id: str, seed: bytes, partitions
         logs = client.read_logs(log_filter=LogFilter(flow_run_id=LogFilterFlowRunId(any_=[run.id])))
     perturbing = [t for t in tasks if t.name.startswith("perturb-suppress")]
     assert len(perturbing) == partitions
+    # A plain value's input is recorded as its type at most (prefect-dask records none): never its content.
     streams_inputs = {str(inp) for t in perturbing for inp in t.task_inputs.get("streams", [])}
-    assert streams_inputs == {"Constant(input_type='constant', type='RecordStreams')"}
+    assert streams_inputs <= {"Constant(input_type='constant', type='RecordStreams')"}
     seen = json.dumps({"parameters": run.parameters, "tasks": [t.model_dump(mode="json") for t in tasks],
                        "logs": [entry.message for entry in logs]})
     for form in (seed.hex(), base64.b64encode(seed).decode(), base64.urlsafe_b64encode(seed).decode(), repr(seed)):
