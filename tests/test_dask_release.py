@@ -19,7 +19,6 @@ import pyarrow as pa
 import pyarrow.parquet as pq
 import pytest
 
-from kepsilon.engine.metrics import release_metrics
 from kepsilon.engine.preview import preview
 from kepsilon.engine.randomness import RecordStreams
 from kepsilon.flows.manifest import published_groups
