@@ -4,7 +4,8 @@
     kepsilon advise releases/paper-synthetic.yaml --target-error 0.05 --max-linking-risk 0.1
     kepsilon audit budget paper-synthetic
 
-What ``kepsilon release`` prints: Prefect's run log, then the release summary; for a release already
+What ``kepsilon release`` prints: Prefect's run log (with a progress bar per stage and partition on the
+dask engine), then the release summary; for a release already
 published, one line saying where (exit code 0, nothing done); one line ``release refused: <reason>``
 (exit code 2) when the release stops on a KepsilonError before any ε is reserved — bad spec or input, ε
 over the cap, an id already published; one line ``release failed: <reason>`` (exit code 2) when it stopped
