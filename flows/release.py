@@ -45,6 +45,7 @@ from kepsilon.engine.metrics import certain_linking_risk, errors_by_class
 from kepsilon.tasks.metrics import measure_release
 from kepsilon.tasks.perturb import perturb_records
 from kepsilon.engine.perturb import public_grid
+from kepsilon.tasks.progress import release_progress, stage
 from kepsilon.tasks.preflight import check_output, find_published
 from kepsilon.tasks.publish import merge_and_shuffle, move_into_place, published_columns, stage_release
 from kepsilon.tasks.record import check_approval, record_outcome, reserve_epsilon, store_location, verify_store
@@ -67,19 +68,27 @@ def governed_release(spec: ReleaseSpec) -> dict:
     adds every figure computed from private values. The returned record is the private one; for a
     release that was already published it is the stored record, marked ``already_published``.
     """
-    logger = get_run_logger()
     spec = spec.for_run(_run_day(), flow_run.name or "run")
     if spec.execution.engine == "dask":
         # The partitioned path: the same governance, partition by partition on Dask (flows/release_dask.py).
         from kepsilon.flows.release_dask import release_on_dask
 
         return release_on_dask(spec)
+    with release_progress(len(MEMORY_STAGES), f"release {spec.release_id}") as progress:
+        record = _release_in_memory(spec)
+        progress.step(progress.steps)
+    return record
+
+
+def _release_in_memory(spec: ReleaseSpec) -> dict:
+    """The release in one process, stage by stage (each reported to the run's progress and the terminal)."""
+    logger = get_run_logger()
     operator = spec.operator or getpass.getuser()
     store = store_location()
     started_at = datetime.now(timezone.utc).isoformat()
 
     figures_dir = private_report_dir(spec.release_id, spec.output_dir)  # refused before any work if misplaced
-    source = ingest_source(spec.source)
+    source = _in_stage("ingest", ingest_source, spec.source)
     key = idempotency_key(spec, source.sha256)
     verify_store(store)
     done = find_published(store, spec.release_id, key)
@@ -91,10 +100,10 @@ def governed_release(spec: ReleaseSpec) -> dict:
     record["execution"] = {"flow_run_id": str(flow_run.id), "operator": operator, "started_at": started_at}
     logger.info("release %s: %d records in", spec.release_id, source.rows)
 
-    table = classify_attributes(source.frame, spec)
+    table = _in_stage("classify", classify_attributes, source.frame, spec)
     if spec.privacy_model == "dp":
         # The DP mode's stage replaces k-anonymise, perturb and suppress; its plan refuses before ε.
-        dp_plan = plan_dp_release(table.frame, spec)
+        dp_plan = _in_stage("k-anonymise", plan_dp_release, table.frame, spec)
         record["anonymiser"] = dp_plan.report()
         record["hierarchies"] = dp_plan.hierarchy_hashes()
         record["dp"]["search_steps"] = dp_plan.steps
@@ -103,7 +112,7 @@ def governed_release(spec: ReleaseSpec) -> dict:
         def stages(reservation, record):
             return _dp_check_stage(spec, key, table, dp_plan, reservation, store, record, output_dir)
     else:
-        partition = k_anonymise_records(table.frame, spec)
+        partition = _in_stage("k-anonymise", k_anonymise_records, table.frame, spec)
         record["anonymiser"] = partition.report
         record["hierarchies"] = partition.report.get("hierarchies", {})
         output_dir = check_output(spec.output_dir, spec.release_id, _estimate_basis(source, spec))
@@ -134,6 +143,17 @@ def governed_release(spec: ReleaseSpec) -> dict:
         _release_figures(spec, figure_inputs, figures_dir)
     logger.info("release %s published: %d records", spec.release_id, record["rows_published"])
     return record
+
+
+MEMORY_STAGES = ("ingest", "classify", "k-anonymise", "perturb", "suppress", "merge", "validate", "stage")
+
+
+def _in_stage(name: str, task, *args):
+    """Run one stage's task as a one-step stage of the release's progress (``tasks/progress.py``)."""
+    with stage(name, 1) as progress:
+        result = task(*args)
+        progress.advance()
+    return result
 
 
 def _release_figures(spec: ReleaseSpec, inputs: dict, folder) -> None:
@@ -219,13 +239,13 @@ def _perturb_check_stage(spec, key, table, partition, reservation, store, record
     """
     kept = table.frame[partition.kept]
     class_ids = partition.class_ids[partition.kept]
-    perturbation = perturb_records(kept, class_ids, spec, key, reservation.id, store)
+    perturbation = _in_stage("perturb", perturb_records, kept, class_ids, spec, key, reservation.id, store)
     record["perturbation"] = perturbation.report
     record["seed_commitment"] = perturbation.seed_commitment
 
-    suppression = suppress_linkable(kept, perturbation.frame, class_ids, perturbation.scales, spec)
+    suppression = _in_stage("suppress", suppress_linkable, kept, perturbation.frame, class_ids, perturbation.scales, spec)
     suppression = suppress_undiverse(kept, class_ids, suppression, partition, table.roles)
-    release = merge_and_shuffle(partition, kept, class_ids, perturbation, suppression, table.roles)
+    release = _in_stage("merge", merge_and_shuffle, partition, kept, class_ids, perturbation, suppression, table.roles)
     record.update(measure_release(kept, perturbation.frame, class_ids, partition, suppression, spec, perturbation.scales))
     record["groups"] = published_groups(release, table.roles["k_quasi"], record["rows_in"])
     predicted, measured = errors_by_class(kept, perturbation.frame, class_ids, perturbation.scales, spec)
@@ -238,7 +258,9 @@ def _perturb_check_stage(spec, key, table, partition, reservation, store, record
     # Private: what the published groups achieve on the sensitive columns, and their prosecutor risk.
     record["disclosure"] = disclosure_report(release, table.roles["k_quasi"], partition.criteria)
 
-    validation = check_release(
+    validation = _in_stage(
+        "validate",
+        check_release,
         release, spec, record["rows_in"], sum(record["rows_removed"].values()), table.frame, record["linking_risk"]
     )
     record["checks"] = validation.checks
@@ -247,7 +269,7 @@ def _perturb_check_stage(spec, key, table, partition, reservation, store, record
 
     grids = {q.column: public_grid(q.lower, q.upper, epsilon) for q, epsilon in zip(spec.roles.e_quasi, spec.epsilon_split().values())}
     public = public_manifest(record, spec, grids, guarantee_statement(spec.scale_basis))
-    publication = stage_release(release, public, output_dir)
+    publication = _in_stage("stage", stage_release, release, public, output_dir)
     record.update(publication.report())
     record["output_dir"] = str(publication.directory)
     record["public_manifest"] = {**public, "outputs": dict(publication.outputs)}
@@ -261,7 +283,7 @@ def _dp_check_stage(spec, key, table, dp_plan, reservation, store, record, outpu
     Returns the private record and the staged publication (no figures: they plot the noise of the
     method's own mode). The gate groups on every released column, the groups the theorem speaks of.
     """
-    outcome = draw_dp_release(table.frame, dp_plan, spec, key, reservation.id, store)
+    outcome = _in_stage("perturb", draw_dp_release, table.frame, dp_plan, spec, key, reservation.id, store)
     release = outcome.frame
     record["seed_commitment"] = outcome.seed_commitment
     record["anonymiser"] = {**record["anonymiser"], **outcome.report}
@@ -280,7 +302,7 @@ def _dp_check_stage(spec, key, table, dp_plan, reservation, store, record, outpu
         raise ValidationFailed(validation.failed_checks)
 
     public = public_manifest(record, spec, {}, dp_guarantee_statement(spec.k, spec.epsilon, record["dp"]))
-    publication = stage_release(release, public, output_dir)
+    publication = _in_stage("stage", stage_release, release, public, output_dir)
     record.update(publication.report())
     record["output_dir"] = str(publication.directory)
     record["public_manifest"] = {**public, "outputs": dict(publication.outputs)}

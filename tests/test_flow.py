@@ -559,3 +559,27 @@ def test_an_email_column_released_as_sensitive_is_refused_before_any_epsilon(sto
     assert not (Path(spec["output_dir"]) / "test-release").exists()
     assert remaining(store, "test-population") == pytest.approx(5.0)
     assert store["sealed_seeds"].count == 0
+
+
+def test_an_in_memory_release_reports_each_stage_and_its_run_reaches_100_percent(store, synthetic_spec_dict):
+    from prefect.client.orchestration import get_client
+    from prefect.client.schemas.filters import ArtifactFilter, ArtifactFilterFlowRunId, ArtifactFilterType
+
+    from kepsilon.flows.release import MEMORY_STAGES
+    from kepsilon.tasks.progress import add_listener, remove_listener
+
+    from .test_progress import Recorder
+
+    recorder = Recorder()
+    add_listener(recorder)
+    try:
+        record = governed_release(parse_spec(synthetic_spec_dict))
+    finally:
+        remove_listener(recorder)
+    finished = [event[1] for event in recorder.events if event[0] == "finished"]
+    assert finished == list(MEMORY_STAGES)
+    with get_client(sync_client=True) as client:
+        artifacts = client.read_artifacts(artifact_filter=ArtifactFilter(
+            flow_run_id=ArtifactFilterFlowRunId(any_=[record["execution"]["flow_run_id"]]),
+            type=ArtifactFilterType(any_=["progress"])))
+    assert [artifact.data for artifact in artifacts] == [100.0]
