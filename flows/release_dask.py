@@ -106,9 +106,37 @@ def dask_task_runner(execution):
     )
 
 
+def check_scheduler_reachable(address: str, timeout: float = 10.0) -> None:
+    """Refuse, before anything is read or reserved, a scheduler address nothing answers at.
+
+    Only a TCP connection is tried (the scheduler itself is not asked anything), so this catches a
+    wrong host or port or a stopped scheduler with a one-line refusal instead of a traceback.
+    """
+    import socket
+    from urllib.parse import urlsplit
+
+    from kepsilon.tasks.errors import SpecError
+
+    parts = urlsplit(address if "://" in address else f"tcp://{address}")
+    try:
+        host, port = parts.hostname, parts.port
+    except ValueError:
+        host, port = None, None
+    if not host or not port:
+        raise SpecError("execution.scheduler", "needs a scheduler address such as tcp://HOST:PORT")
+    try:
+        socket.create_connection((host, port), timeout=timeout).close()
+    except OSError as failure:
+        raise SpecError(
+            "execution.scheduler", f"no Dask scheduler answers at that address ({failure.strerror or 'timed out'})"
+        ) from None
+
+
 def release_on_dask(spec: ReleaseSpec) -> dict:
     """Run ``governed-release-dask`` on the task runner the spec's ``execution`` names (a subflow when
     called from a flow)."""
+    if spec.execution.scheduler:
+        check_scheduler_reachable(spec.execution.scheduler)
     import distributed  # noqa: F401 - its import sets its loggers' levels; ours comes after
 
     # The cluster's own chatter (workers joining, leaving) is not the release's log.

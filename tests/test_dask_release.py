@@ -360,3 +360,23 @@ def test_a_failed_gate_on_dask_publishes_nothing_and_records_the_failure(
     releases = list(store["releases"].rows)
     assert [(r["release_id"], r["outcome"]) for r in releases] == [("dask-test", "failed")]
     assert "linking_risk_within_limit" in releases[0]["failure_reason"]
+
+
+def test_a_scheduler_address_nothing_answers_at_is_refused_by_name():
+    import socket
+
+    from kepsilon.flows.release_dask import check_scheduler_reachable
+    from kepsilon.tasks.errors import SpecError
+
+    with socket.socket() as probe:  # a port that was free a moment ago: nothing listens there
+        probe.bind(("127.0.0.1", 0))
+        port = probe.getsockname()[1]
+    with pytest.raises(SpecError) as refused:
+        check_scheduler_reachable(f"tcp://127.0.0.1:{port}", timeout=2)
+    assert refused.value.parameter == "execution.scheduler"
+    with pytest.raises(SpecError, match="tcp://HOST:PORT"):
+        check_scheduler_reachable("tcp://no-port-here")
+    with socket.socket() as listening:  # and an address something answers at passes
+        listening.bind(("127.0.0.1", 0))
+        listening.listen()
+        check_scheduler_reachable(f"tcp://127.0.0.1:{listening.getsockname()[1]}")
