@@ -12,7 +12,7 @@ export PREFECT_SERVER_EPHEMERAL_STARTUP_TIMEOUT_SECONDS := 120
 export GX_ANALYTICS_ENABLED := false
 export DO_NOT_TRACK := 1
 
-.PHONY: install demo test bench bench-scale disclosure-cost dp-adult serve deployment-check audit-ui audit-ui-check clean reliability paper
+.PHONY: install demo test test-heavy bench bench-scale disclosure-cost dp-adult serve deployment-check audit-ui audit-ui-check clean reliability paper
 
 install: $(VENV)/.installed
 
@@ -27,9 +27,13 @@ $(VENV)/.installed: pyproject.toml constraints.txt
 demo: install
 	KEPSILON_DEFAULT_CAP=$${KEPSILON_DEFAULT_CAP:-10} $(BIN)/kepsilon release releases/paper-synthetic.yaml
 
-## test: the whole test suite
+## test: the test suite (the heavy variants run in make test-heavy)
 test: install
-	$(BIN)/pytest
+	$(BIN)/pytest -m "not heavy"
+
+## test-heavy: the slow variants: the Prefect UI's run pages in headless Chromium, every stop signal of make serve
+test-heavy: install
+	$(BIN)/pytest -m heavy
 
 ## bench: stage timings and two whole releases (release-1m in memory, release-10m-dask), written to
 ## benchmarks/results.json; the synthetic populations are generated once into benchmarks/.populations/

@@ -29,7 +29,8 @@ from kepsilon.local_server import prefect_server, stop
 
 from .conftest import release_spec_dict
 
-pytestmark = pytest.mark.server
+# Headless Chromium against a real server, about 60 s: `make test-heavy` (like `make audit-ui-check`).
+pytestmark = [pytest.mark.server, pytest.mark.heavy]
 
 CHROMIUM = shutil.which("chromium")
 SCREENSHOT_ENV = "KEPSILON_UI_SCREENSHOT"

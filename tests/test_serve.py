@@ -93,8 +93,9 @@ def _worker_registered(api: str) -> bool:
     ("signal_number", "to_group"),
     [
         pytest.param(signal.SIGINT, True, id="ctrl-c"),  # a terminal's Ctrl-C: the whole foreground group
-        pytest.param(signal.SIGTERM, True, id="sigterm-group"),  # `kill -- -PGID`, a process manager's stop
-        pytest.param(signal.SIGINT, False, id="sigint-script"),  # `kill -INT` to serve.sh alone
+        # `kill -- -PGID`, a process manager's stop; `kill -INT` to serve.sh alone (make test-heavy)
+        pytest.param(signal.SIGTERM, True, id="sigterm-group", marks=pytest.mark.heavy),
+        pytest.param(signal.SIGINT, False, id="sigint-script", marks=pytest.mark.heavy),
     ],
 )
 def test_one_signal_stops_server_and_worker_within_10_seconds(tmp_path, signal_number, to_group):
