@@ -268,23 +268,8 @@ def public_manifest(record: dict, spec: ReleaseSpec, grids: dict[str, float], gu
     method["max_linking_risk"] = spec.max_linking_risk
     if spec.max_prosecutor_risk is not None:
         method["max_prosecutor_risk"] = spec.max_prosecutor_risk
-    document = {
-        "release_id": spec.release_id,
-        "population_id": spec.population_id,
-        "method": method,
-        "roles": spec.roles.names(),
-        "columns": {name: dict(entry) for name, entry in record["columns"].items()},
-        "hierarchies": hierarchy_descriptions(spec, record.get("hierarchies", {})),
-        "guarantee": guarantee,
-        "records": {
-            "in": record["rows_in"],
-            "removed": dict(record["rows_removed"]),
-            "published": record["rows_published"],
-        },
-        "groups": {"published": record["groups"]["published"], "smallest": record["groups"]["smallest"]},
-        "software": dict(record["software"]),
-        "checks": [{"name": c["name"], "success": bool(c["success"])} for c in record.get("checks", [])],
-    }
+    records = {"in": record["rows_in"], "removed": dict(record["rows_removed"]), "published": record["rows_published"]}
+    document = _public_document(record, spec, method, guarantee, records)
     opted_in = _unprotected_statistics(record, spec.publish_statistics)
     if opted_in:
         document["unprotected_statistics"] = opted_in
@@ -312,7 +297,14 @@ def dp_public_manifest(record: dict, spec: ReleaseSpec, guarantee: str) -> dict:
     }
     if spec.max_prosecutor_risk is not None:
         method["max_prosecutor_risk"] = spec.max_prosecutor_risk
-    document = {
+    document = _public_document(record, spec, method, guarantee, {"published": record["rows_published"]})
+    check_public_fields(document)
+    return document
+
+
+def _public_document(record: dict, spec: ReleaseSpec, method: dict, guarantee: str, records: dict) -> dict:
+    """The fields every public manifest carries, around its mode's ``method`` and record ``records`` counts."""
+    return {
         "release_id": spec.release_id,
         "population_id": spec.population_id,
         "method": method,
@@ -320,13 +312,11 @@ def dp_public_manifest(record: dict, spec: ReleaseSpec, guarantee: str) -> dict:
         "columns": {name: dict(entry) for name, entry in record["columns"].items()},
         "hierarchies": hierarchy_descriptions(spec, record.get("hierarchies", {})),
         "guarantee": guarantee,
-        "records": {"published": record["rows_published"]},
+        "records": records,
         "groups": {"published": record["groups"]["published"], "smallest": record["groups"]["smallest"]},
         "software": dict(record["software"]),
         "checks": [{"name": c["name"], "success": bool(c["success"])} for c in record.get("checks", [])],
     }
-    check_public_fields(document)
-    return document
 
 
 def _unprotected_statistics(record: dict, names: list[str]) -> dict:

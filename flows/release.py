@@ -269,12 +269,18 @@ def _perturb_check_stage(spec, key, table, partition, reservation, store, record
 
     grids = {q.column: public_grid(q.lower, q.upper, epsilon) for q, epsilon in zip(spec.roles.e_quasi, spec.epsilon_split().values())}
     public = public_manifest(record, spec, grids, guarantee_statement(spec.scale_basis))
+    publication = _stage_publication(record, release, public, output_dir)
+    return record, publication, figure_inputs
+
+
+def _stage_publication(record: dict, release, public: dict, output_dir):
+    """Stage the release's files and note in the private record where they are and what they hold."""
     publication = _in_stage("stage", stage_release, release, public, output_dir)
     record.update(publication.report())
     record["output_dir"] = str(publication.directory)
     record["public_manifest"] = {**public, "outputs": dict(publication.outputs)}
     record["execution"]["finished_at"] = datetime.now(timezone.utc).isoformat()
-    return record, publication, figure_inputs
+    return publication
 
 
 def _dp_check_stage(spec, key, table, dp_plan, reservation, store, record, output_dir) -> tuple[dict, object, None]:
@@ -302,9 +308,5 @@ def _dp_check_stage(spec, key, table, dp_plan, reservation, store, record, outpu
         raise ValidationFailed(validation.failed_checks)
 
     public = public_manifest(record, spec, {}, dp_guarantee_statement(spec.k, spec.epsilon, record["dp"]))
-    publication = _in_stage("stage", stage_release, release, public, output_dir)
-    record.update(publication.report())
-    record["output_dir"] = str(publication.directory)
-    record["public_manifest"] = {**public, "outputs": dict(publication.outputs)}
-    record["execution"]["finished_at"] = datetime.now(timezone.utc).isoformat()
+    publication = _stage_publication(record, release, public, output_dir)
     return record, publication, None

@@ -772,21 +772,10 @@ def combine_outcome(
             "linking_risk": linked / int(published.sum()) if published.sum() else 0.0,
             "zero_values_excluded": sum(s["zero"] for s in sums),
         }
-    from kepsilon.engine.metrics import class_statistics_from_sizes
+    from kepsilon.engine.metrics import class_statistics_from_sizes, metrics_summary
 
-    columns = per_column.values()
-    metrics = {
-        "rows_removed": rows_removed,
-        "rows_published": int(published.sum()),
-        "information_loss": {
-            "measured": float(np.mean([c["measured_relative_error"] for c in columns])) if columns else 0.0,
-            "predicted": float(np.mean([c["predicted_relative_error"] for c in columns])) if columns else 0.0,
-            "per_column": per_column,
-            "k_quasi_precision": anonymiser.get("precision"),
-        },
-        "linking_risk": max((c["linking_risk"] for c in columns), default=0.0),
-        "classes": class_statistics_from_sizes(published, sum(rows_removed.values())),
-    }
+    classes_report = class_statistics_from_sizes(published, sum(rows_removed.values()))
+    metrics = metrics_summary(rows_removed, int(published.sum()), per_column, anonymiser.get("precision"), classes_report)
     final = groups.without(failing)
     figure_inputs = {
         "group_sizes": final.sizes,

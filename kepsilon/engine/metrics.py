@@ -319,18 +319,26 @@ def release_metrics(
     }
     if getattr(suppression, "criteria_rule", None) is not None:
         rows_removed["diversity_suppression"] = int(suppression.criteria_rule.sum())
+    classes = class_statistics(class_ids[published], sum(rows_removed.values()))
+    return metrics_summary(rows_removed, int(published.sum()), per_column, partition.report.get("precision"), classes)
+
+
+def metrics_summary(rows_removed: dict, rows_published: int, per_column: dict, precision, classes: dict) -> dict:
+    """The release's private metrics from its per-column figures: errors averaged over the ε-quasis,
+    the largest linking risk of any of them, the counts and the class statistics. One shape for the
+    in-memory and the partitioned paths."""
     columns = per_column.values()
     return {
         "rows_removed": rows_removed,
-        "rows_published": int(published.sum()),
+        "rows_published": rows_published,
         "information_loss": {
             "measured": float(np.mean([c["measured_relative_error"] for c in columns])) if columns else 0.0,
             "predicted": float(np.mean([c["predicted_relative_error"] for c in columns])) if columns else 0.0,
             "per_column": per_column,
-            "k_quasi_precision": partition.report.get("precision"),
+            "k_quasi_precision": precision,
         },
         "linking_risk": max((c["linking_risk"] for c in columns), default=0.0),
-        "classes": class_statistics(class_ids[published], sum(rows_removed.values())),
+        "classes": classes,
     }
 
 
