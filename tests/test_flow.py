@@ -12,7 +12,7 @@ import pandas as pd
 import pytest
 
 from kepsilon.audit import queries
-from kepsilon.audit.ledger import remaining, set_cap
+from kepsilon.audit.ledger import BudgetExceeded, remaining, set_cap
 from kepsilon.flows.release import governed_release
 from kepsilon.flows.spec import parse_spec
 from kepsilon.tasks.errors import InputError, ValidationFailed
@@ -229,7 +229,7 @@ def test_a_failing_check_publishes_nothing_and_records_the_failure(store, synthe
 
 
 def test_over_the_cap_is_refused_before_noise_and_publishes_nothing(store, synthetic_spec_dict):
-    with pytest.raises(Exception, match="test-population"):
+    with pytest.raises(BudgetExceeded, match="test-population"):
         governed_release(parse_spec({**synthetic_spec_dict, "epsilon": 6.0}))
     assert not (Path(synthetic_spec_dict["output_dir"]) / "test-release").exists()
     assert [r["outcome"] for r in store["releases"].rows] == ["refused"]
@@ -285,7 +285,7 @@ def audit_answer(store_path, *arguments) -> list[dict]:
 
 def test_officers_questions_on_a_store_built_by_real_releases(store, synthetic_spec_dict, tmp_path):
     published = governed_release(parse_spec({**synthetic_spec_dict, "operator": "steward"}))
-    with pytest.raises(Exception, match="test-population"):
+    with pytest.raises(BudgetExceeded, match="test-population"):
         governed_release(parse_spec({**synthetic_spec_dict, "release_id": "too-greedy", "epsilon": 4.5}))
     governed_release(parse_spec({**synthetic_spec_dict, "release_id": "bounded", "k": 3, "scale_basis": "bounds"}))
     path = tmp_path / "audit.db"

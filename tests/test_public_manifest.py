@@ -13,8 +13,11 @@ PUBLIC = {
 }
 
 
-def test_a_manifest_of_public_fields_passes():
-    check_public_fields(PUBLIC)
+def test_a_manifest_of_public_fields_passes_and_a_misplaced_one_does_not():
+    # A public field is public only where the list puts it: the same name one level off is refused.
+    assert check_public_fields(PUBLIC) is None
+    with pytest.raises(PrivateFieldInPublicManifest, match=r"manifest\.records\.k"):
+        check_public_fields({**PUBLIC, "records": {**PUBLIC["records"], "k": 5}})
 
 
 @pytest.mark.parametrize(
