@@ -54,7 +54,8 @@ def histogram_of(
     column's value counts and the declared criteria's pairs; with ``extremes``, the ε-quasis' clamped
     extremes per tuple too (the frame's ε-quasis must then be numbers, as classify leaves them)."""
     columns = [q.column for q in spec.roles.k_quasi]
-    return tuple_histogram(frame, columns, spec.roles.sensitive, spec.roles.e_quasi if extremes else (), positions)
+    e_quasis = spec.roles.e_quasi if extremes else []
+    return tuple_histogram(frame, columns, spec.roles.sensitive, e_quasis, positions)
 
 
 def k_anonymise_histogram(histogram: TupleHistogram, spec) -> AnonymisedTuples:
@@ -77,7 +78,7 @@ def k_anonymise(frame: pd.DataFrame, spec) -> Partition:
     """Partition the records with the spec's algorithm (Mondrian or OLA); hierarchy hashes go in the report."""
     histogram = histogram_of(frame, spec)
     anonymised = k_anonymise_histogram(histogram, spec)
-    partition = anonymised.classes.partition(frame.index, histogram.of_record)
+    partition = anonymised.classes.partition(frame.index, histogram.tuple_of_record())
     partition.criteria = anonymised.criteria
     partition.hierarchies = anonymised.hierarchies
     return partition

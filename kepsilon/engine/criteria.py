@@ -79,6 +79,8 @@ def l_diverse(counts: np.ndarray, l: int, variant: str, c: float | None = None) 
         # H >= log ℓ  ⇔  exp(H) >= ℓ; the slack absorbs the rounding of a uniform group at exactly ℓ.
         return entropy_l(counts) >= l * (1 - _SLACK)
     if variant == "recursive":
+        if c is None:
+            raise SpecError("l_diversity.c", "recursive (c,ℓ)-diversity needs c")
         return recursive_cl(counts, c, l)
     raise SpecError("l_diversity.variant", f"must be one of {', '.join(L_VARIANTS)}")
 
@@ -203,6 +205,8 @@ class ColumnCriteria:
         """Whether each group meets every criterion declared for this column (True if none is)."""
         ok = np.ones(np.asarray(counts).shape[0], dtype=bool)
         if self.l is not None:
+            if self.variant is None:
+                raise SpecError("l_diversity.variant", f"must be one of {', '.join(L_VARIANTS)}")
             ok &= l_diverse(counts, self.l, self.variant, self.c)
         if self.t is not None:
             ok &= self.emd(counts) <= self.t + _SLACK
@@ -301,6 +305,7 @@ def criteria_from_counts(entry, counts: pd.Series, hierarchy: Hierarchy | None =
         domain = tuple(str(v) for v in hierarchy.leaves)
         parents = tuple(hierarchy_parents(hierarchy))
     elif distance == "ordered":
+        assert tclose is not None  # "ordered" comes only from a declared t-closeness
         domain = tuple(str(v) for v in tclose.order or ())
         if not domain:
             raise SpecError(f"{where}.t_closeness.order", "ordered distance needs the values' order")
@@ -470,7 +475,7 @@ def criterion_from_parameters(column: str, parameters: dict) -> ColumnCriteria:
 def gate_parameters(criterion: ColumnCriteria) -> dict:
     """JSON parameters of a column's declared criteria, for the gate's expectations (in memory only:
     the gate's report keeps check names and booleans, never these)."""
-    parameters = {}
+    parameters: dict[str, object] = {}
     if criterion.l is not None:
         parameters.update(l=int(criterion.l), variant=criterion.variant, c=criterion.c)
     if criterion.t is not None:

@@ -131,8 +131,9 @@ def generalise(values: pd.Series, hierarchy: Hierarchy, level: int) -> pd.Series
     return pd.Series(hierarchy.labels[level][codes], index=values.index, name=values.name)
 
 
-def categorical_precision(level: int, height: int) -> float:
-    """Information loss of a value generalised to ``level`` of an h-level hierarchy: l/(h-1)."""
+def categorical_precision(level: "int | np.ndarray", height: int) -> "float | np.ndarray":
+    """Information loss of a value generalised to ``level`` of an h-level hierarchy: l/(h-1) (per element
+    for an array of levels)."""
     if height <= 1:
         return 0.0
     return level / (height - 1)

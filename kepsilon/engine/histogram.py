@@ -23,6 +23,7 @@ every sensitive column (the criteria's domain and reference distribution) and th
 Every figure in it is computed from private data: it never leaves the release's processes.
 """
 
+from collections.abc import Sequence
 from dataclasses import dataclass, field
 
 import numpy as np
@@ -61,6 +62,12 @@ class TupleHistogram:
     def records(self) -> int:
         return int(self.weights.sum())
 
+    def tuple_of_record(self) -> np.ndarray:
+        """The tuple of each record; a histogram added up from partial ones does not know its records."""
+        if self.of_record is None:
+            raise ValueError("this histogram was added up from partial histograms: it has no records' tuples")
+        return self.of_record
+
     def __len__(self) -> int:
         return len(self.weights)
 
@@ -83,8 +90,8 @@ def _declares(entry) -> bool:
 def tuple_histogram(
     frame: pd.DataFrame,
     columns: list[str],
-    sensitive: list = (),
-    e_quasis: list = (),
+    sensitive: Sequence = (),
+    e_quasis: Sequence = (),
     positions: np.ndarray | None = None,
 ) -> TupleHistogram:
     """The histogram of ``frame``'s k-quasi ``columns``.

@@ -150,7 +150,7 @@ def mondrian(
     """
     check_anonymiser_parameters(frame, columns, k)
     histogram = tuple_histogram(frame, columns, declared(criteria or []))
-    return mondrian_classes(histogram, columns, k, hierarchies, criteria).partition(frame.index, histogram.of_record)
+    return mondrian_classes(histogram, columns, k, hierarchies, criteria).partition(frame.index, histogram.tuple_of_record())
 
 
 def mondrian_classes(
@@ -346,7 +346,8 @@ def _split_into_classes(
     block_tuples = np.array([n_units], dtype=np.int64)
     block_rows = np.array([int(units.weights.sum())], dtype=np.int64)
     unit_class = np.empty(n_units, dtype=np.int64)
-    closed_low, closed_high = [[] for _ in dimensions], [[] for _ in dimensions]
+    closed_low: list[list[np.ndarray]] = [[] for _ in dimensions]
+    closed_high: list[list[np.ndarray]] = [[] for _ in dimensions]
     n_closed = 0
     while len(block_tuples):
         cut = _choose_cuts(dimensions, units, orders, block_tuples, block_rows, k, sensitive)
@@ -548,6 +549,8 @@ def _release(dimension: _Dimension, classes: _Classes, j: int):
 def _release_hierarchical(dimension: _Dimension, classes: _Classes, j: int):
     """Lowest common hierarchy label per class; loss level/(h-1)."""
     hierarchy = dimension.hierarchy
+    if hierarchy is None:
+        raise ValueError(f"{dimension.name}: a hierarchical dimension without its hierarchy")
     leaf_codes = dimension.distinct[classes.units.codes[j][classes.first_units]]  # one member per class
     unit_leaf_codes = dimension.distinct[classes.units.codes[j]]
     levels = lowest_common_levels(unit_leaf_codes, classes.unit_ids, hierarchy)  # units suffice: same classes

@@ -129,7 +129,7 @@ def ola(
     _check_parameters(frame, columns, k, suppression_budget, metric)
     histogram = tuple_histogram(frame, columns, declared(criteria or []))
     classes = ola_classes(histogram, columns, k, hierarchies, suppression_budget, metric, criteria)
-    return classes.partition(frame.index, histogram.of_record)
+    return classes.partition(frame.index, histogram.tuple_of_record())
 
 
 def ola_classes(
@@ -163,7 +163,7 @@ def ola_classes(
     if monotone and search.evaluate(lattice.top):
         node, value = search.run()
     elif not monotone and search.run_every_node():
-        node, value = search.best_node, search.objective.value(search.best_key[0])
+        node, value = search.best()
     else:
         raise SpecError(
             "k",
@@ -216,7 +216,7 @@ def _check_search_parameters(k, suppression_budget, metric) -> None:
         raise SpecError("metric", f"must be one of {', '.join(METRICS)}")
 
 
-def _hierarchy_for(column: str, hierarchies: dict[str, Hierarchy]) -> Hierarchy:
+def _hierarchy_for(column: str, hierarchies: Mapping[str, Hierarchy]) -> Hierarchy:
     """The column's hierarchy, refused unless nested (monotone tagging relies on nesting)."""
     hierarchy = hierarchies.get(column) if isinstance(hierarchies, Mapping) else None
     if hierarchy is None:
@@ -634,6 +634,12 @@ class _OptimalSearch:
         """The optimal node and its metric value (call after ``evaluate(top)`` returned True)."""
         self._tag_promising_nodes()
         self._score_remaining_candidates()
+        return self.best()
+
+    def best(self) -> tuple[tuple[int, ...], int | float]:
+        """The best node scored so far and its metric value."""
+        if self.best_node is None or self.best_key is None:
+            raise ValueError("the search scored no node")
         return self.best_node, self.objective.value(self.best_key[0])
 
     def run_every_node(self) -> bool:
