@@ -238,7 +238,10 @@ def _numeric(column: str, texts: pd.Series, distinct, patterns: list[str]) -> Su
     median = float(numbers.abs().median())
     if median > 0 and float(numbers.abs().max()) > HEAVY_TAIL * median:
         # The noise follows each group's range, which one very large value stretches for its whole group.
-        why += "; a long tail of large values: expect a large error (kepsilon advise predicts it)"
+        why += (
+            "; a long tail of large values: expect a large error (kepsilon advise predicts it), or generalise it "
+            "instead (k_quasi with an intervals hierarchy)"
+        )
     return Suggestion(column, "e_quasi", why, bounds=_outward(low, high), acknowledge=acknowledge)
 
 

@@ -87,6 +87,7 @@ def test_the_spec_marks_every_bound_read_from_the_data_and_says_the_next_steps(w
     assert "# " in text and "kepsilon check patients.yaml" in text and "kepsilon release patients.yaml" in text
     # The terminal: each column's role, then the steps; nothing of the data itself.
     assert "email      explicit   its values look like e-mail addresses" in first.stdout
+    assert "income     e_quasi    numbers: kept, with noise per group; a long tail of large values" in first.stdout
     assert 'kepsilon audit set-cap patients 5 --by "YOUR NAME" --reason "WHY"' in first.stdout
     for value in ("02419", "1002300", "@", "I10"):
         assert value not in first.stdout and value not in text
