@@ -9,8 +9,9 @@ are read from the data and therefore private until replaced by public ones.
 How a column's role is suggested (first rule that applies):
 
 1. it looks like a direct identifier to the release's own detector (``tasks/classify.py``: e-mail,
-   URL, IP address, phone, national id, nearly unique text), or its name says so (``id``, ``name``,
-   ``email``, ``phone``…), or it holds consecutive whole numbers, one per record → ``explicit``;
+   URL, IP address, phone, national id, nearly unique text or identification-like numbers), or its name
+   says so (``id``, ``name``, ``email``, ``phone``…), or it holds consecutive whole numbers, one per
+   record → ``explicit``;
 2. dates in one format → ``k_quasi`` with the ``dates`` builder;
 3. fixed-length digit codes named like a postal code, or with leading zeros → ``k_quasi``, ``masking``;
 4. numbers: with at most 12 distinct values → ``k_quasi``, ``categories``; whole numbers with at most
@@ -173,6 +174,8 @@ def suggest(column: str, values: pd.Series) -> Suggestion:
         return Suggestion(column, "explicit", f"its values look like {_PATTERN_TEXT[patterns[0]]}: removed")
     if words & _IDENTIFIER_WORDS:
         return Suggestion(column, "explicit", "its name says it identifies people: removed")
+    if numeric and "national_id" in patterns and "near_unique" in reasons:
+        return Suggestion(column, "explicit", "nearly unique numbers that look like identification numbers: removed")
     if numeric and _consecutive_record_numbers(texts):
         return Suggestion(column, "explicit", "one consecutive whole number per record (a record number): removed")
 

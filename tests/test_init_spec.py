@@ -151,12 +151,13 @@ def test_other_shapes_of_columns(tmp_path):
         "yes": [["", "x"][i % 2] for i in range(rows)],  # empty cells: cannot be a quasi
         "weight": [f"{50 + (i * 7) % 60}.{i % 10}" for i in range(rows)],  # decimals: an ε-quasi
         "treatment": [["none", "statin", "insulin"][i % 3] for i in range(rows)],
+        "member": [f"{(i * 7919) % 1_000_000_000:09d}" for i in range(rows)],  # unique 9-digit codes
     })
     frame.to_csv(tmp_path / "ward.csv", sep=";", index=False)
     starter = write_starter_spec(tmp_path / "ward.csv", tmp_path / "ward.yaml")
     spec = load_spec(tmp_path / "ward.yaml")
     roles = _roles(spec)
-    assert roles["explicit"] == ["PatientNo", "full name", "contact", "notes"]
+    assert roles["explicit"] == ["PatientNo", "full name", "contact", "notes", "member"]
     assert roles["k_quasi"] == {
         "admitted": {"kind": "dates", "format": "%Y-%m-%d", "levels": ["month", "year", "decade"]},
         "smoker": {"kind": "categories"},
