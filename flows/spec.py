@@ -88,7 +88,8 @@ class KQuasi(BaseModel):
         default=None,
         description=(
             "hierarchy CSV file (leaf;level1;…;*), or a public builder: "
-            "`{kind: intervals, lower, upper, widths}`, `{kind: masking, length}`, `{kind: dates, levels}`"
+            "`{kind: intervals, lower, upper, widths}`, `{kind: masking, length}`, `{kind: dates, levels}`, "
+            "`{kind: categories}` or `{kind: categories, groups: {label: [values]}}`"
         ),
     )
 
@@ -244,7 +245,7 @@ class Roles(BaseModel):
                 # Without public labels a class could only be released as its true values or extremes.
                 raise ValueError(
                     f"k-quasi {quasi.column!r} needs a hierarchy: a file, or a builder "
-                    "(intervals for numbers, masking for codes, dates)"
+                    "(intervals for numbers, masking for codes, dates, categories)"
                 )
         return self
 
@@ -627,12 +628,43 @@ def parse_spec(raw: dict) -> ReleaseSpec:
     try:
         return ReleaseSpec.model_validate(raw)
     except ValidationError as exc:
-        first = exc.errors()[0]
-        location = ".".join(str(part) for part in first["loc"]) or "spec"
+        first, loc = _most_specific(exc.errors())
+        location = ".".join(str(part) for part in loc) or "spec"
         message = first["msg"]
         if first["type"] == "extra_forbidden":
             message = "unknown field"
         raise SpecError(location, message) from None
+
+
+_NOT_THIS_BRANCH = {"string_type", "none_required", "model_type", "model_attributes_type", "dict_type", "list_type"}
+
+
+def _most_specific(errors: list) -> tuple[dict, tuple]:
+    """The error to show, and its location without the union's branch tag.
+
+    A field such as ``hierarchy: str | builder | None`` fails on every branch; pydantic lists "not a
+    string" first, but for a builder written as a mapping the useful error is the builder's own
+    (``…hierarchy.categories.groups: quote yes/no``), the one that went deepest into the input.
+    """
+    first = errors[0]
+    if first["type"] not in _NOT_THIS_BRANCH or len(first["loc"]) < 2:
+        return first, first["loc"]
+    union = first["loc"][:-1]
+    deeper = [e for e in errors if e["loc"][: len(union)] == union and len(e["loc"]) > len(union) + 1]
+    if not deeper:
+        return first, first["loc"]
+    chosen = max(deeper, key=lambda e: len(e["loc"]))
+    inner = [part for part in chosen["loc"][len(union) + 1 :] if not _is_branch_tag(part)]
+    return chosen, (*union, *inner)
+
+
+def _is_branch_tag(part) -> bool:
+    """Whether a location part names a union's branch or a validator (pydantic's), not a field."""
+    text = str(part)
+    if text.startswith(("function-after[", "function-before[", "function-wrap[", "tagged-union[")):
+        return True
+    model = globals().get(text)
+    return isinstance(model, type) and issubclass(model, BaseModel)
 
 
 def resolve_paths(spec: ReleaseSpec, base: Path) -> ReleaseSpec:

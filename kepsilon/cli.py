@@ -341,6 +341,31 @@ def advise(
     console.print(DATA_DEPENDENCE, soft_wrap=True)
 
 
+@app.command()
+def init(
+    data_path: Path = typer.Argument(..., metavar="DATA.csv", help="your table: a CSV with a header, or Parquet"),
+    output: Optional[Path] = typer.Option(
+        None, "-o", "--output", metavar="SPEC.yaml", help="spec to write (default: DATA's name .yaml, here)"
+    ),
+) -> None:
+    """Write a starter release spec for DATA.csv: a suggested role and hierarchy for every column.
+
+    Edit it (the bounds read from the data are private: replace them with public ones), set the
+    population's ε cap, then check and release it. Reads the file only: nothing recorded, no ε spent.
+    Never overwrites a file.
+    """
+    os.environ.setdefault("DO_NOT_TRACK", "1")  # init reads a file; Prefect's telemetry banner has no place here
+    from kepsilon.init_spec import summary_lines, write_starter_spec
+
+    try:
+        starter = write_starter_spec(data_path, output)
+    except KepsilonError as failure:
+        errors.print(f"[bold red]init refused:[/] {escape(str(failure))}", soft_wrap=True)
+        raise typer.Exit(code=2)
+    for line in summary_lines(starter):
+        console.print(escape(line), soft_wrap=True)
+
+
 def summary_table(manifest: dict) -> Table:
     from kepsilon.flows.report import summary_rows
 

@@ -9,6 +9,8 @@ a few spec parameters::
     hierarchy: {kind: intervals, lower: 0, upper: 120, widths: [5, 10, 20]}
     hierarchy: {kind: masking, length: 5}
     hierarchy: {kind: dates, format: "%Y-%m-%d", levels: [month, year]}
+    hierarchy: {kind: categories}                                   # each value, then *
+    hierarchy: {kind: categories, groups: {adult: ["18-64"], older: ["65-79", "80+"]}}   # value, group, *
 
 ``build_hierarchy`` materialises a definition over the distinct values of a column and returns the
 same ``Hierarchy`` that ``load_hierarchy`` returns for a file, so Mondrian and OLA use it unchanged.
@@ -33,6 +35,7 @@ from typing import Annotated, Any, Callable, Literal, Mapping
 import numpy as np
 import pandas as pd
 from pydantic import BaseModel, ConfigDict, Field, TypeAdapter, ValidationError, field_validator, model_validator
+from pydantic.json_schema import SkipJsonSchema
 
 from .errors import HierarchyError
 from .hierarchy import Hierarchy, _as_strings
@@ -143,12 +146,74 @@ class DateHierarchy(BaseModel):
         return levels
 
 
-HierarchyBuilder = Annotated[IntervalHierarchy | MaskingHierarchy | DateHierarchy, Field(discriminator="kind")]
+class CategoryHierarchy(BaseModel):
+    """Categories (sex, blood group, region): each value as it is, then ``*``; or value, its group, ``*``.
+
+    Without ``groups`` the hierarchy has two levels, the value and ``*``: a category is published as
+    read or not at all. With ``groups`` (``{group label: [values]}``) it has three: the value, the
+    label of the one group that lists it, and ``*``. Values are matched as text, exactly as written.
+
+    A value of the column that no group lists is **refused** (the column is named and the records
+    counted, never the value) rather than sent to ``*`` or to a catch-all group: a declared grouping
+    that misses a value is most likely a typo or a new code, and a label chosen silently for it
+    would be published under a definition that does not say so.
+    """
+
+    model_config = _STRICT
+
+    kind: Literal["categories"] = Field(description="selects categories: each value, then its declared group, then *")
+    groups: dict[str, list[str]] | SkipJsonSchema[None] = Field(
+        default=None,
+        description="optional grouping {group label: [values]}; every value of the column in exactly one group",
+    )
+
+    @field_validator("groups", mode="before")
+    @classmethod
+    def _texts_only(cls, groups: Any) -> Any:
+        # YAML reads yes, no, 1 or null as booleans, numbers or None: matched as text they would silently
+        # never match the data's cells, so they must be quoted.
+        if not isinstance(groups, Mapping):
+            return groups
+        for label, members in groups.items():
+            if not isinstance(label, str):
+                raise ValueError("every group label must be text (quote it in YAML: \"1\", \"yes\")")
+            if not isinstance(members, (list, tuple)) or not all(isinstance(member, str) for member in members):
+                raise ValueError(f"group {label!r}: its values must be a list of texts (quote numbers, yes/no, null)")
+        return groups
+
+    @field_validator("groups")
+    @classmethod
+    def _one_group_per_value(cls, groups: dict[str, list[str]] | None) -> dict[str, list[str]] | None:
+        if groups is None:
+            return None
+        if not groups:
+            raise ValueError("groups needs at least one group (or leave groups out: each value, then *)")
+        seen: dict[str, str] = {}
+        for label, members in groups.items():
+            if not label or label == TOP:
+                raise ValueError(f"a group label must be non-empty and not {TOP!r} (the top level)")
+            if not members:
+                raise ValueError(f"group {label!r} lists no value")
+            for member in members:
+                if member in seen:
+                    raise ValueError(f"a value is listed in two groups ({seen[member]!r} and {label!r})")
+                seen[member] = label
+        for label, members in groups.items():
+            # A published label must say one thing: "A" may not be both a value and a wider group.
+            if label in seen and members != [label]:
+                raise ValueError(f"group label {label!r} is also a value of the grouping; rename the group")
+        return groups
+
+
+HierarchyBuilder = Annotated[
+    IntervalHierarchy | MaskingHierarchy | DateHierarchy | CategoryHierarchy, Field(discriminator="kind")
+]
+Definition = IntervalHierarchy | MaskingHierarchy | DateHierarchy | CategoryHierarchy
 
 _BUILDER = TypeAdapter(HierarchyBuilder)
 
 
-def parse_builder(definition: Mapping[str, Any], column: str) -> IntervalHierarchy | MaskingHierarchy | DateHierarchy:
+def parse_builder(definition: Mapping[str, Any], column: str) -> Definition:
     """Validate a definition given as a mapping (as read from YAML).
 
     Raises ``HierarchyError`` naming the column and each faulty parameter.
@@ -163,7 +228,7 @@ def parse_builder(definition: Mapping[str, Any], column: str) -> IntervalHierarc
         raise HierarchyError(column, f"invalid hierarchy definition ({problems})") from None
 
 
-def definition_sha256(definition: IntervalHierarchy | MaskingHierarchy | DateHierarchy) -> str:
+def definition_sha256(definition: Definition) -> str:
     """SHA-256 of the definition's canonical JSON (sorted keys, no spaces, defaults filled in).
 
     This is the hierarchy's identity in release reports; it depends on the definition only, never
@@ -179,7 +244,7 @@ def definition_sha256(definition: IntervalHierarchy | MaskingHierarchy | DateHie
 
 
 def build_hierarchy(
-    definition: IntervalHierarchy | MaskingHierarchy | DateHierarchy | Mapping[str, Any],
+    definition: Definition | Mapping[str, Any],
     values: pd.Series,
     column: str,
     weights: np.ndarray | None = None,
@@ -199,7 +264,7 @@ def build_hierarchy(
     the definition cannot place (outside the public bounds, not a finite number, wrong length, not
     a date in the format). Messages name the column and count the records; they never quote a value.
     """
-    if not isinstance(definition, (IntervalHierarchy, MaskingHierarchy, DateHierarchy)):
+    if not isinstance(definition, (IntervalHierarchy, MaskingHierarchy, DateHierarchy, CategoryHierarchy)):
         definition = parse_builder(definition, column)
     value_codes, uniques = pd.factorize(values, use_na_sentinel=True)
     missing = int((value_codes < 0).sum())
@@ -218,6 +283,8 @@ def build_hierarchy(
         built = _intervals(definition, texts, uniques[first_unique_of_text])
     elif isinstance(definition, MaskingHierarchy):
         built = _masking(definition, texts)
+    elif isinstance(definition, CategoryHierarchy):
+        built = _categories(definition, texts)
     else:
         built = _dates(definition, texts)
 
@@ -354,6 +421,33 @@ def _masking(definition: MaskingHierarchy, texts: np.ndarray) -> _Built:
         problems=[(wrong_length, f"do not have length {length}")],
         labels=labels,
         order=lambda: np.argsort(texts, kind="stable"),
+        numbers=None,
+    )
+
+
+def _categories(definition: CategoryHierarchy, texts: np.ndarray) -> _Built:
+    """Each text, then its group (when groups are declared), then ``*``; leaves in group order."""
+    if definition.groups is None:
+        return _Built(
+            problems=[],
+            labels=lambda: [texts, np.full(len(texts), TOP, dtype=object)],
+            order=lambda: np.argsort(texts, kind="stable"),
+            numbers=None,
+        )
+    # Leaves follow the declaration (group by group, each group's values in their order), so the
+    # members of one group are adjacent and Mondrian's cuts along leaf order tend to keep them together.
+    rank = {member: at for at, member in enumerate(m for members in definition.groups.values() for m in members)}
+    group_of = {member: label for label, members in definition.groups.items() for member in members}
+    ungrouped = np.array([text not in group_of for text in texts], dtype=bool)
+
+    def labels() -> list[np.ndarray]:
+        groups = np.array([group_of[text] for text in texts], dtype=object)
+        return [texts, groups, np.full(len(texts), TOP, dtype=object)]
+
+    return _Built(
+        problems=[(ungrouped, "are in no declared group; add them to one of the hierarchy's groups")],
+        labels=labels,
+        order=lambda: np.array(sorted(range(len(texts)), key=lambda at: rank[texts[at]]), dtype=np.int64),
         numbers=None,
     )
 
