@@ -409,3 +409,40 @@ def special_uniques(frame: pd.DataFrame, columns: Sequence[str], max_size: int =
         "score_max": float(scores.max()) if len(scores) else 0.0,
         "score_mean": float(scores.mean()) if len(scores) else 0.0,
     }
+
+
+# --- a population table -----------------------------------------------------------------------
+
+
+def population_group_sizes(group_labels: pd.DataFrame, population: pd.DataFrame, hierarchies: dict, counts: str = "count") -> np.ndarray:
+    """Per published group, how many people of the population it could be: ``F_j`` for the journalist.
+
+    ``group_labels`` has one row per group and one column per k-quasi, holding the group's label (a node
+    of the column's hierarchy); ``population`` holds the k-quasi columns as values of the source (leaves
+    of the hierarchies) and a ``counts`` column. A person is consistent with a group when, in every
+    column, the group's label is their value or one of its generalisations; groups may overlap (a
+    person consistent with two groups counts in both), which is what an attacker matching them sees.
+    """
+    columns = list(group_labels.columns)
+    weights = pd.to_numeric(population[counts], errors="coerce").to_numpy(dtype=np.float64)
+    if not np.isfinite(weights).all() or (weights < 0).any():
+        raise SpecError("population.table", f"column {counts!r} must hold non-negative counts")
+    covered = {}  # column -> per group: boolean over population rows
+    for column in columns:
+        hierarchy = hierarchies[column]
+        leaf_codes = hierarchy.leaf_codes(population[column])
+        # Per label text, the leaves it covers at any level.
+        label_cover: dict[str, np.ndarray] = {}
+        for level in range(hierarchy.height):
+            for label in np.unique(hierarchy.labels[level].astype(str)):
+                leaves = hierarchy.labels[level].astype(str) == label
+                label_cover[label] = label_cover.get(label, np.zeros(len(hierarchy.leaves), dtype=bool)) | leaves
+        covered[column] = {label: cover[leaf_codes] for label, cover in label_cover.items()}
+    sizes = np.zeros(len(group_labels), dtype=np.float64)
+    empty = np.zeros(len(population), dtype=bool)
+    for index, row in enumerate(group_labels.astype(str).itertuples(index=False)):
+        mask = np.ones(len(population), dtype=bool)
+        for column, label in zip(columns, row):
+            mask &= covered[column].get(label, empty)
+        sizes[index] = weights[mask].sum()
+    return sizes
