@@ -53,7 +53,7 @@ def group_sizes(frame: pd.DataFrame, columns: Sequence[str]) -> np.ndarray:
     return frame.groupby(list(columns), sort=False, dropna=False, observed=True).size().to_numpy(dtype=np.int64)
 
 
-def _record_summary(sizes: np.ndarray, record_risk: np.ndarray, threshold: float) -> dict:
+def record_risk_summary(sizes: np.ndarray, record_risk: np.ndarray, threshold: float) -> dict:
     """Highest, record-weighted average, and share of records whose risk exceeds ``threshold``."""
     n = sizes.sum()
     if n == 0:
@@ -69,7 +69,7 @@ def _record_summary(sizes: np.ndarray, record_risk: np.ndarray, threshold: float
 def prosecutor_risk(sizes, threshold: float = DEFAULT_THRESHOLD) -> dict:
     """Prosecutor risk of groups of these sizes: highest ``1/min f``, average ``J/n``, share above threshold."""
     sizes = _sizes(sizes)
-    return _record_summary(sizes, 1.0 / np.maximum(sizes, 1), threshold)
+    return record_risk_summary(sizes, 1.0 / np.maximum(sizes, 1), threshold)
 
 
 def journalist_risk(sizes, population_sizes, threshold: float = DEFAULT_THRESHOLD) -> dict:
@@ -80,7 +80,7 @@ def journalist_risk(sizes, population_sizes, threshold: float = DEFAULT_THRESHOL
     """
     sizes = _sizes(sizes)
     population = np.maximum(_sizes(population_sizes), sizes)
-    return _record_summary(sizes, 1.0 / population, threshold)
+    return record_risk_summary(sizes, 1.0 / population, threshold)
 
 
 def marketer_risk(sizes, record_risk=None) -> float:
