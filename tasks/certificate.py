@@ -153,20 +153,30 @@ def certificate_figures(spec, table, partition, kept: pd.DataFrame, class_ids: n
     weights = _weights(spec, table.frame)
     kept_weights = None if weights is None else weights[partition.kept]
     figures: dict = {"computed": True}
+    timings: dict[str, float] = {}
+
+    def timed(name, compute):
+        begun = time.perf_counter()
+        try:
+            return _attempt(compute)
+        finally:
+            timings[name] = round(time.perf_counter() - begun, 3)
+
     population_table = None
     if spec.population is not None and spec.population.table is not None:
         population_table = load_population_table(spec.population.table, k_quasi)
     figures["risk"] = {
-        "published": _attempt(lambda: risk_models(aligned[k_quasi], spec, partition.hierarchies,
+        "published": timed("risk_published", lambda: risk_models(aligned[k_quasi], spec, partition.hierarchies,
                                                    None if kept_weights is None else kept_weights[published], population_table)),
-        "predicted": _attempt(lambda: risk_models(predicted_labels(table, partition), spec, partition.hierarchies,
+        "predicted": timed("risk_predicted", lambda: risk_models(predicted_labels(table, partition), spec, partition.hierarchies,
                                                    kept_weights, population_table)),
-        "source": _attempt(lambda: _source_uniqueness(table.frame, k_quasi, spec, weights, population_table)),
-        "special_uniques": _attempt(lambda: risk.special_uniques(table.frame, k_quasi, settings.suda_max_size)),
+        "source": timed("source_uniqueness", lambda: _source_uniqueness(table.frame, k_quasi, spec, weights, population_table)),
+        "special_uniques": timed("special_uniques", lambda: risk.special_uniques(table.frame, k_quasi, settings.suda_max_size)),
     }
-    figures["utility"] = _attempt(lambda: utility_report(spec, roles, partition, source, aligned, labels[published], class_ids[published],
-                                                         int((~published).sum()) + int((~partition.kept).sum())))
+    figures["utility"] = timed("utility", lambda: utility_report(spec, roles, partition, source, aligned, labels[published],
+                                                                 class_ids[published], int((~published).sum()) + int((~partition.kept).sum())))
     figures["seconds"] = round(time.perf_counter() - started, 3)
+    figures["seconds_by_part"] = timings
     return figures
 
 
@@ -223,7 +233,9 @@ def utility_report(spec, roles, partition, source: pd.DataFrame, released: pd.Da
     if target is None:
         report["classifier"] = {"computed": False, "reason": "no utility_target named in the spec's certificate settings"}
     else:
+        begun = time.perf_counter()
         report["classifier"] = utility.classifier_utility(source[released.columns], released, target, roles["e_quasi"])
+        report["classifier"]["seconds"] = round(time.perf_counter() - begun, 3)
     return report
 
 

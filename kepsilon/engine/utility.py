@@ -19,7 +19,8 @@ from scipy import stats
 
 from .errors import SpecError
 
-MAX_TRAINING_ROWS = 20_000  # the classifier utility trains on at most this many records (its cost stays small)
+MAX_TRAINING_ROWS = 5_000  # the classifier utility trains on at most this many records, and scores at most
+MAX_TEST_ROWS = 5_000  # this many: its cost must not dominate a release (docs/certificate.md)
 MAX_LEVELS = 50  # one-hot encoding keeps a column's 50 most frequent values; the rest share one indicator
 
 
@@ -129,7 +130,8 @@ def classifier_utility(
     """Accuracy of a classifier trained on the released records vs one trained on the source (ARX's view).
 
     ``source`` and ``released`` hold the same records, aligned row by row (the released values of
-    each source record). The records are split once (``test_share`` held out, seeded); the target is the
+    each source record). The records are split once (``test_share`` held out, seeded; at most ``MAX_TRAINING_ROWS`` trained on and
+    ``MAX_TEST_ROWS`` scored); the target is the
     source's value in both, so both models answer the same question about the held-out people. The
     released model sees the held-out records as they were released (a reader's view of them). A numeric
     target is cut at the source's quartiles. Reports, per model kind, both accuracies, the majority
@@ -150,7 +152,7 @@ def classifier_utility(
     rng = np.random.default_rng(seed)
     order = rng.permutation(len(source))
     n_test = max(1, int(round(len(source) * test_share)))
-    test, train = order[:n_test], order[n_test:][:MAX_TRAINING_ROWS]
+    test, train = order[:n_test][:MAX_TEST_ROWS], order[n_test:][:MAX_TRAINING_ROWS]
     if len(train) < 10 or labels.iloc[train].nunique() < 2:
         return {"target": target, "computed": False, "reason": "too few records or a single class to train on"}
 
@@ -175,8 +177,8 @@ def classifier_utility(
     truth = labels.iloc[test].to_numpy()
     baseline = float((truth == labels.iloc[train].mode().iloc[0]).mean())
     models = {
-        "logistic_regression": lambda: LogisticRegression(max_iter=500),
-        "random_forest": lambda: RandomForestClassifier(n_estimators=50, max_depth=12, random_state=seed, n_jobs=1),
+        "logistic_regression": lambda: LogisticRegression(max_iter=300),
+        "random_forest": lambda: RandomForestClassifier(n_estimators=30, max_depth=10, random_state=seed, n_jobs=1),
     }
     results = {}
     for name, make in models.items():
@@ -190,7 +192,7 @@ def classifier_utility(
             **accuracies,
             "relative": (accuracies["released"] - baseline) / gain if gain > 1e-12 else None,
         }
-    return {"target": target, "computed": True, "baseline": baseline, "test_records": int(n_test),
+    return {"target": target, "computed": True, "baseline": baseline, "test_records": int(len(test)),
             "training_records": int(len(train)), "models": results}
 
 
