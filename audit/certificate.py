@@ -339,6 +339,9 @@ def _budget(budget: dict | None, record: dict) -> str:
             + _figure(draw, "ε in use by the population before and with this release"))
 
 
+_NO_FIGURES = ("the record holds no certificate figures: the Dask engine and the DP mode do not compute them yet, "
+               "nor did releases recorded before this version")
+
 _GATE_FIGURES = {
     "linking_risk_within_limit": (("linking_risk",), ("max_linking_risk",)),
     "prosecutor_risk_within_limit": (("disclosure", "prosecutor_risk"), ("max_prosecutor_risk",)),
@@ -382,7 +385,7 @@ def _gates(record: dict) -> str:
 def _risk(record: dict) -> str:
     certificate = record.get("certificate")
     if not certificate or not certificate.get("computed"):
-        reason = "the Dask engine does not compute the certificate's figures yet" if certificate is None else certificate.get("reason")
+        reason = (_NO_FIGURES if certificate is None else certificate.get("reason"))
         return f"<h2>Re-identification risk</h2><p>Not computed: {_e(reason)}.</p>"
     risk = certificate["risk"]
     parts = ["<h2>Re-identification risk</h2>",
@@ -444,7 +447,7 @@ def _utility(record: dict) -> str:
     certificate = record.get("certificate") or {}
     report = certificate.get("utility")
     if not isinstance(report, dict) or report.get("computed") is False or "columns" not in report:
-        reason = (report or {}).get("reason") if isinstance(report, dict) else "the Dask engine does not compute it yet"
+        reason = (report or {}).get("reason") if isinstance(report, dict) else _NO_FIGURES
         return f"<h2>Utility</h2><p>Not computed: {_e(reason)}.</p>"
     rows = []
     for column, measures in report["columns"].items():

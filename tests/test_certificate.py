@@ -104,7 +104,7 @@ def test_a_record_without_figures_says_not_computed(store, tmp_path):
                            "rows_published": 10, "checks": [{"name": "k_anonymous_groups", "success": True}]},
                    outcome="published", reservation_id=None)
     document = render_certificate(certificate_facts(store, "dask-release"))
-    assert "Re-identification risk</h2><p>Not computed: the Dask engine" in document
+    assert "Re-identification risk</h2><p>Not computed: the record holds no certificate figures: the Dask engine" in document
     assert "Utility</h2><p>Not computed" in document
 
 
