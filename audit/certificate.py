@@ -292,7 +292,7 @@ def _summary(facts: dict, record: dict) -> str:
 outcome <b>{_e(outcome)}</b>, recorded {_e(facts['recorded_at'])}. {_num(published)} of {_num(rows_in)} records were
 published, under the privacy model <b>{_e(record.get('privacy_model') or 'kepsilon')}</b>.</p>
 <p><b>Guarantee, as published with the release:</b> {_e(guarantee)}</p>
-<p>Released columns by role: {"; ".join(f"{_e(role)}: {_e(', '.join(cols) or '—')}" for role, cols in (record.get('roles') or {}).items())}.</p>"""
+<p>Columns by role (explicit identifiers are removed, never released): {"; ".join(f"{_e(role)}: {_e(', '.join(cols) or '—')}" for role, cols in (record.get('roles') or {}).items())}.</p>"""
 
 
 def _parameters(record: dict) -> str:
@@ -343,6 +343,7 @@ _NO_FIGURES = ("the record holds no certificate figures: the Dask engine and the
                "nor did releases recorded before this version")
 
 _GATE_FIGURES = {
+    "k_anonymous_groups": (("groups", "smallest"), ("k",)),
     "linking_risk_within_limit": (("linking_risk",), ("max_linking_risk",)),
     "prosecutor_risk_within_limit": (("disclosure", "prosecutor_risk"), ("max_prosecutor_risk",)),
     "l_diversity": (("disclosure", "l_diversity_min"), None),
@@ -405,7 +406,7 @@ def _risk(record: dict) -> str:
                          "records at risk (prosecutor)"], rows))
     published = risk.get("published") if isinstance(risk.get("published"), dict) else {}
     if published.get("population_basis"):
-        parts.append(f"<p>Population: {_e(published['population_basis'])} ({_num(published.get('population_size'))} people). "
+        parts.append(f"<p>Population: {_e(published['population_basis'])} ({_num(int(round(published['population_size'])) if published.get('population_size') is not None else None)} people). "
                      f"A record counts as at risk above {_pct(published['prosecutor']['threshold'])}. Journalist risk per "
                      "record is 1/F with F the group's population size, or — from a sampling fraction or weights — "
                      "the Benedetti–Franconi individual risk E[1/F | f] (sdcMicro's).</p>")

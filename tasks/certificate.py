@@ -173,7 +173,7 @@ def certificate_figures(spec, table, partition, kept: pd.DataFrame, class_ids: n
         "source": timed("source_uniqueness", lambda: _source_uniqueness(table.frame, k_quasi, spec, weights, population_table)),
         "special_uniques": timed("special_uniques", lambda: risk.special_uniques(table.frame, k_quasi, settings.suda_max_size)),
     }
-    figures["utility"] = timed("utility", lambda: utility_report(spec, roles, partition, source, aligned, labels[published],
+    figures["utility"] = timed("utility", lambda: utility_report(spec, roles, partition, table.frame, source, aligned, labels[published],
                                                                  class_ids[published], int((~published).sum()) + int((~partition.kept).sum())))
     figures["seconds"] = round(time.perf_counter() - started, 3)
     figures["seconds_by_part"] = timings
@@ -199,9 +199,14 @@ def _source_uniqueness(frame: pd.DataFrame, k_quasi: list[str], spec, weights, p
     }
 
 
-def utility_report(spec, roles, partition, source: pd.DataFrame, released: pd.DataFrame, labels: pd.DataFrame,
-                   class_ids: np.ndarray, suppressed: int) -> dict:
-    """Per released column a distance, the ε-quasis' correlations, generalisation measures, classifier utility."""
+def utility_report(spec, roles, partition, source_in: pd.DataFrame, source: pd.DataFrame, released: pd.DataFrame,
+                   labels: pd.DataFrame, class_ids: np.ndarray, suppressed: int) -> dict:
+    """Per released column a distance, the ε-quasis' correlations, generalisation measures, classifier utility.
+
+    Distributions compare every source record (``source_in``) with every released one, so removed
+    records count; the record-level measures (generalisation, correlations, classifier) compare each
+    published record's source values (``source``) with its released values (``released``, aligned).
+    """
     columns = {}
     grids = {q.column: public_grid(q.lower, q.upper, eps) for q, eps in zip(spec.roles.e_quasi, spec.epsilon_split().values())}
     bounds = {q.column: q.upper - q.lower for q in spec.roles.e_quasi}
@@ -216,11 +221,11 @@ def utility_report(spec, roles, partition, source: pd.DataFrame, released: pd.Da
                 if len(source) else None,
             }
         elif column in roles["e_quasi"]:
-            columns[column] = {"kind": "noised", **utility.numeric_distances(source[column], released[column],
+            columns[column] = {"kind": "noised", **utility.numeric_distances(source_in[column], released[column],
                                                                               grids.get(column), bounds.get(column))}
         else:
             columns[column] = {"kind": "as read (records removed only)",
-                               "total_variation": utility.total_variation(source[column], released[column])}
+                               "total_variation": utility.total_variation(source_in[column], released[column])}
     sizes = np.bincount(pd.factorize(pd.Series(class_ids))[0]) if len(class_ids) else np.zeros(0)
     group_sizes = risk.group_sizes(labels, list(labels.columns))
     report = {

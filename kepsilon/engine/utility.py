@@ -19,8 +19,8 @@ from scipy import stats
 
 from .errors import SpecError
 
-MAX_TRAINING_ROWS = 5_000  # the classifier utility trains on at most this many records, and scores at most
-MAX_TEST_ROWS = 5_000  # this many: its cost must not dominate a release (docs/certificate.md)
+MAX_TRAINING_ROWS = 3_000  # the classifier utility trains on at most this many records, and scores at most
+MAX_TEST_ROWS = 3_000  # this many: its cost must not dominate a release (docs/certificate.md)
 MAX_LEVELS = 50  # one-hot encoding keeps a column's 50 most frequent values; the rest share one indicator
 
 
@@ -178,7 +178,7 @@ def classifier_utility(
     baseline = float((truth == labels.iloc[train].mode().iloc[0]).mean())
     models = {
         "logistic_regression": lambda: LogisticRegression(max_iter=300),
-        "random_forest": lambda: RandomForestClassifier(n_estimators=30, max_depth=10, random_state=seed, n_jobs=1),
+        "random_forest": lambda: RandomForestClassifier(n_estimators=25, max_depth=10, random_state=seed, n_jobs=1),
     }
     results = {}
     for name, make in models.items():
