@@ -332,3 +332,27 @@ def unseal(
     with os.fdopen(fd, "w") as handle:
         handle.write(seed.hex() + "\n")
     typer.echo(f"seed of {release!r} written to {out} (unseal recorded)")
+
+
+@audit_app.command()
+def certificate(
+    ctx: typer.Context,
+    release: str,
+    verify: Annotated[Optional[Path], typer.Option("--verify", help="check this certificate file against the store")] = None,
+) -> None:
+    """The officer's certificate of RELEASE: write it (private report folder), or --verify FILE against the store."""
+    from .certificate import verify_certificate, write_certificate
+
+    path = _path(ctx)
+    with _store(ctx):  # refuses a store whose chain does not verify
+        pass
+    try:
+        if verify is None:
+            typer.echo(f"certificate of {release}: {write_certificate(path, release)}")
+            return
+        outcome = verify_certificate(path, release, verify)
+    except KepsilonError as error:
+        _fail(error)
+    if not outcome.ok:
+        _fail(KepsilonError(f"certificate does not verify: {outcome.message}"))
+    typer.echo(outcome.message)

@@ -35,6 +35,7 @@ from kepsilon.flows.report import (
 )
 from kepsilon.flows.spec import ReleaseSpec
 from kepsilon.tasks.classify import classify_attributes
+from kepsilon.tasks.certificate import certificate_figures, refuse_risk_over_limits, write_release_certificate
 from kepsilon.engine.criteria import disclosure_report
 from kepsilon.tasks.dp_release import draw_dp_release, plan_dp_release
 from kepsilon.tasks.errors import ReleaseFailed, SpecError, ValidationFailed, describe_failure
@@ -117,6 +118,7 @@ def _release_in_memory(spec: ReleaseSpec) -> dict:
         record["hierarchies"] = partition.report.get("hierarchies", {})
         output_dir = check_output(spec.output_dir, spec.release_id, _estimate_basis(source, spec))
         _refuse_certain_linking(table, partition, spec)
+        refuse_risk_over_limits(table, partition, spec)  # journalist/marketer gates, on the anonymiser's groups
 
         def stages(reservation, record):
             return _perturb_check_stage(spec, key, table, partition, reservation, store, record, output_dir)
@@ -141,6 +143,7 @@ def _release_in_memory(spec: ReleaseSpec) -> dict:
     publish_report_artifacts(record)
     if figure_inputs is not None:
         _release_figures(spec, figure_inputs, figures_dir)
+        write_release_certificate(record, store, figures_dir)  # docs/certificate.md
     logger.info("release %s published: %d records", spec.release_id, record["rows_published"])
     return record
 
@@ -257,6 +260,8 @@ def _perturb_check_stage(spec, key, table, partition, reservation, store, record
     record["columns"] = published_columns(release, table.roles)
     # Private: what the published groups achieve on the sensitive columns, and their prosecutor risk.
     record["disclosure"] = disclosure_report(release, table.roles["k_quasi"], partition.criteria)
+    # Private: the officer's certificate's risk models and utility report (docs/certificate.md).
+    record["certificate"] = certificate_figures(spec, table, partition, kept, class_ids, perturbation.frame, suppression.removed)
 
     validation = _in_stage(
         "validate",

@@ -334,6 +334,48 @@ class Execution(BaseModel):
     )
 
 
+class Population(BaseModel):
+    """The population a journalist or marketer matches the release against (docs/certificate.md).
+
+    Without it the released table is taken to be the whole population (journalist risk = prosecutor
+    risk). Give a sampling fraction, or a population table, and optionally a column of sampling weights.
+    """
+
+    model_config = _STRICT
+
+    sampling_fraction: Annotated[float, Field(gt=0, le=1)] | SkipJsonSchema[None] = Field(
+        default=None, description="share of the population the source holds (e.g. 0.01 for a 1 % sample)"
+    )
+    table: str | SkipJsonSchema[None] = Field(
+        default=None,
+        description="CSV of the population: the k-quasi columns (values as in the source) and a `count` column",
+    )
+    weight_column: str | SkipJsonSchema[None] = Field(
+        default=None,
+        description="source column of sampling weights (people each record stands for), for the individual risk",
+    )
+
+    @model_validator(mode="after")
+    def _something_declared(self):
+        if self.sampling_fraction is None and self.table is None and self.weight_column is None:
+            raise ValueError("give a sampling_fraction, a table or a weight_column")
+        if self.sampling_fraction is not None and self.table is not None:
+            raise ValueError("give a sampling_fraction or a table, not both")
+        return self
+
+
+class CertificateSettings(BaseModel):
+    """What the officer's certificate computes beyond the defaults (docs/certificate.md)."""
+
+    model_config = _STRICT
+
+    utility_target: str | SkipJsonSchema[None] = Field(
+        default=None, description="released column a classifier predicts, for the classifier utility (ARX's)"
+    )
+    risk_threshold: float = Field(default=0.2, gt=0, le=1, description="a record is at risk above this re-identification probability")
+    suda_max_size: int = Field(default=3, ge=1, le=6, description="largest column combination SUDA searches for special uniques")
+
+
 class ReleaseSpec(BaseModel):
     """Everything that defines one governed (k,ε)-anonymised release."""
 
@@ -391,6 +433,20 @@ class ReleaseSpec(BaseModel):
     max_prosecutor_risk: Annotated[float, Field(gt=0, le=1)] | SkipJsonSchema[None] = Field(
         default=None, description="largest 1/|group| of the published groups the gate lets through; none by default"
     )
+    max_journalist_risk: Annotated[float, Field(gt=0, le=1)] | SkipJsonSchema[None] = Field(
+        default=None,
+        description="largest journalist risk (1/population group size) of the anonymiser's groups, checked before ε; none by default",
+    )
+    max_marketer_risk: Annotated[float, Field(gt=0, le=1)] | SkipJsonSchema[None] = Field(
+        default=None,
+        description="largest marketer risk (expected share of records re-identified) of the anonymiser's groups, checked before ε",
+    )
+    population: Population | SkipJsonSchema[None] = Field(
+        default=None, description="the population the journalist and marketer models match against; default: the table itself"
+    )
+    certificate: CertificateSettings | SkipJsonSchema[None] = Field(
+        default=None, description="the officer's certificate: classifier target, risk threshold, SUDA search size"
+    )
     operator: str | SkipJsonSchema[None] = Field(default=None, description="who runs the release; defaults to the OS user")
     approval_required: bool = Field(
         default=False, description="two-person rule: refuse the release without an approval by someone other than the operator"
@@ -415,6 +471,22 @@ class ReleaseSpec(BaseModel):
             check_dp_parameters(self)
         else:
             check_kepsilon_parameters(self)
+        return self
+
+    @model_validator(mode="after")
+    def _certificate_columns(self):
+        # A weight or classifier target must be a column of the spec; named, never quoted.
+        names = self.roles.names()
+        if self.population is not None and self.population.weight_column is not None:
+            if self.population.weight_column not in names["k_quasi"] + names["e_quasi"] + names["sensitive"]:
+                raise SpecError("population.weight_column", "must be a column named in roles (not explicit: those are removed first)")
+        if self.execution.engine == "dask":
+            for gate in ("max_journalist_risk", "max_marketer_risk"):
+                if getattr(self, gate) is not None:
+                    raise SpecError(gate, "is checked by the memory engine only; the Dask engine does not compute it yet")
+        if self.certificate is not None and self.certificate.utility_target is not None:
+            if self.certificate.utility_target not in names["k_quasi"] + names["e_quasi"] + names["sensitive"]:
+                raise SpecError("certificate.utility_target", "must be a released column (k_quasi, e_quasi or sensitive)")
         return self
 
     def generalised_columns(self) -> list[str]:
@@ -482,6 +554,9 @@ def _without_new_defaults(content: dict) -> dict:
     for quasi in content["roles"]["e_quasi"]:
         if quasi.get("hierarchy") is None:
             quasi.pop("hierarchy", None)
+    for name in ("max_journalist_risk", "max_marketer_risk", "population", "certificate"):
+        if content.get(name) is None:
+            content.pop(name, None)
     return content
 
 
@@ -504,6 +579,8 @@ _NOT_IN_DP = {
     "confidence": (0.99, "there is no confidence suppression (it reads true values)"),
     "suppression_budget": (0.05, "groups below k are suppressed whatever their number (a budget would depend on the data)"),
     "max_linking_risk": (0.10, "no ε-quasi is noised, so there is no noisy value to link"),
+    "max_journalist_risk": (None, "the groups are drawn from the sample, not decided before the noise"),
+    "max_marketer_risk": (None, "the groups are drawn from the sample, not decided before the noise"),
 }
 
 
@@ -694,4 +771,6 @@ def resolve_paths(spec: ReleaseSpec, base: Path) -> ReleaseSpec:
     for entry in data["roles"]["sensitive"]:
         if isinstance(entry, dict) and entry.get("hierarchy"):
             entry["hierarchy"] = absolute(entry["hierarchy"])
+    if data.get("population") and data["population"].get("table"):
+        data["population"]["table"] = absolute(data["population"]["table"])
     return ReleaseSpec.model_validate(data)

@@ -126,3 +126,20 @@ def test_not_yaml_is_refused(tmp_path):
     (tmp_path / "spec.yaml").write_text("k: [unclosed")
     with pytest.raises(SpecError, match="not valid YAML"):
         load_spec(tmp_path / "spec.yaml")
+
+
+def test_certificate_fields_name_columns_and_leave_the_spec_hash_alone_when_unset(synthetic_spec_dict):
+    from kepsilon.flows.spec import parse_spec
+    from kepsilon.tasks.errors import SpecError
+
+    base = parse_spec(synthetic_spec_dict)
+    assert parse_spec({**synthetic_spec_dict, "population": None, "certificate": None}).spec_hash() == base.spec_hash()
+    assert parse_spec({**synthetic_spec_dict, "max_journalist_risk": 0.2}).spec_hash() != base.spec_hash()
+    with pytest.raises(SpecError, match="certificate.utility_target"):
+        parse_spec({**synthetic_spec_dict, "certificate": {"utility_target": "NAME"}})  # explicit: not released
+    with pytest.raises(SpecError, match="population.weight_column"):
+        parse_spec({**synthetic_spec_dict, "population": {"weight_column": "WEIGHT"}})  # explicit: removed first
+    with pytest.raises(SpecError, match="population"):
+        parse_spec({**synthetic_spec_dict, "population": {"sampling_fraction": 0.1, "table": "p.csv"}})
+    with pytest.raises(SpecError, match="max_marketer_risk"):
+        parse_spec({**synthetic_spec_dict, "max_marketer_risk": 0.1, "execution": {"engine": "dask"}})
