@@ -59,6 +59,7 @@ FORM_TITLES = {
     "epsilon_values": "ε values to compare",
     "spec": "Release spec",
     "draws": "Noise draws per cell",
+    "csv": "Also write data.csv",
 }
 
 # Titles of the choices a union offers, by the referenced model's name, or by field name for its text choice.
