@@ -14,10 +14,11 @@ from prefect import flow, get_run_logger, task
 from prefect.artifacts import create_markdown_artifact
 from prefect.cache_policies import NO_CACHE
 from prefect.runtime import flow_run
-from pydantic import BaseModel, ConfigDict, Field, model_validator
+from pydantic import Field, model_validator
 from pydantic.json_schema import SkipJsonSchema
 
 from kepsilon.flows.report import artifact_key, publish_figure_artifact
+from kepsilon.flows.run_form import FormModel
 from kepsilon.flows.spec import ReleaseSpec, require_kepsilon_mode
 from kepsilon.tasks.advise import (
     DEFAULT_DRAWS,
@@ -32,13 +33,15 @@ from kepsilon.tasks.figures import ADVICE_CAPTIONS
 from kepsilon.tasks.record import store_location
 
 
-class AdviceRequest(BaseModel):
+class AdviceRequest(FormModel):
     """The advise flow's one parameter, rendered as the deployment's run form: a spec and a grid.
 
-    Plain list defaults (not ``default_factory``) so the form shows them.
+    Plain list defaults (not ``default_factory``) so the form shows them. The grid comes first on the form,
+    then the spec (whose own k, ε, release id and source lead).
     """
 
-    model_config = ConfigDict(extra="forbid")
+    form_title = "advice request"
+    form_first = ("k_values", "epsilon_values", "spec")
 
     spec: ReleaseSpec = Field(description="the release spec to advise on; its k and ε are replaced by the grid")
     k_values: list[int] = Field(default=list(DEFAULT_K), description="k values of the grid (each at least 2)")

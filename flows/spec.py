@@ -13,14 +13,16 @@ from pathlib import Path
 from typing import Annotated, Literal
 
 import yaml
-from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
+from pydantic import BaseModel, Field, ValidationError, field_validator, model_validator
 from pydantic.json_schema import SkipJsonSchema
 
 from kepsilon.engine.dp import minimum_epsilon, safe_k_delta, sampling_rate_for, smallest_k
 from kepsilon.tasks.errors import SpecError
 from kepsilon.engine.hierarchy_builders import HierarchyBuilder
+from kepsilon.flows.run_form import FormModel
 
-_STRICT = ConfigDict(extra="forbid")
+# Strict, with the run form's schema hook (kepsilon.flows.run_form); every model derives from FormModel.
+_STRICT = FormModel.model_config
 
 
 class SourceFormat(str, Enum):
@@ -28,10 +30,11 @@ class SourceFormat(str, Enum):
     parquet = "parquet"
 
 
-class SourceSpec(BaseModel):
+class SourceSpec(FormModel):
     """Where the table of people is and how to read it."""
 
     model_config = _STRICT
+    form_title = "source data"
 
     path: str = Field(
         description="CSV or Parquet file, or a folder of Parquet files (a dataset), relative to the spec file or absolute"
@@ -77,10 +80,12 @@ _ACKNOWLEDGE = Field(
 )
 
 
-class KQuasi(BaseModel):
+class KQuasi(FormModel):
     """A quasi-identifier that is generalised until every group has at least k members."""
 
     model_config = _STRICT
+    form_title = "k-quasi column"
+    form_required = ("hierarchy",)  # Roles refuses a k-quasi without one
 
     column: str
     acknowledge_identifier: list[IdentifierReason] = _ACKNOWLEDGE
@@ -94,7 +99,7 @@ class KQuasi(BaseModel):
     )
 
 
-class EQuasi(BaseModel):
+class EQuasi(FormModel):
     """A numeric quasi-identifier that is kept but perturbed with Laplace noise per equivalence class.
 
     In the DP mode (``privacy_model: dp``) it is generalised through its public ``hierarchy`` instead
@@ -102,6 +107,10 @@ class EQuasi(BaseModel):
     """
 
     model_config = _STRICT
+    form_title = "ε-quasi column"
+    # The method's own mode refuses an ε-quasi without bounds; the DP mode's generalised ε-quasi has none
+    # and is therefore not run from the form (see docs/run-form.md).
+    form_required = ("lower", "upper")
 
     column: str
     lower: float | SkipJsonSchema[None] = Field(default=None, description="public lower bound of the column's plausible values")
@@ -132,10 +141,11 @@ class EQuasi(BaseModel):
         return self
 
 
-class LDiversity(BaseModel):
+class LDiversity(FormModel):
     """ℓ-diversity of a sensitive column in every published group (Machanavajjhala et al. 2007)."""
 
     model_config = _STRICT
+    form_title = "ℓ-diversity"
 
     l: int = Field(ge=2, description="distinct: ≥ ℓ values; entropy: entropy ≥ log ℓ; recursive: r_1 below c·(r_ℓ+…+r_m)")
     variant: Literal["distinct", "entropy", "recursive"] = "distinct"
@@ -150,10 +160,11 @@ class LDiversity(BaseModel):
         return self
 
 
-class TCloseness(BaseModel):
+class TCloseness(FormModel):
     """t-closeness of a sensitive column: EMD (Li, Li, Venkatasubramanian 2007) to the whole table ≤ t."""
 
     model_config = _STRICT
+    form_title = "t-closeness"
 
     t: float = Field(gt=0, le=1, description="largest Earth Mover's Distance allowed")
     distance: Literal["equal", "ordered", "numeric", "hierarchical"] | SkipJsonSchema[None] = Field(
@@ -164,10 +175,11 @@ class TCloseness(BaseModel):
     order: list[str] | SkipJsonSchema[None] = Field(default=None, description="the values in their order, for ordered distance")
 
 
-class SensitiveColumn(BaseModel):
+class SensitiveColumn(FormModel):
     """A sensitive column with the disclosure criteria the anonymiser enforces on every published group."""
 
     model_config = _STRICT
+    form_title = "sensitive column with criteria"
 
     column: str
     l_diversity: LDiversity | SkipJsonSchema[None] = None
@@ -187,10 +199,11 @@ class SensitiveColumn(BaseModel):
         return self
 
 
-class Roles(BaseModel):
+class Roles(FormModel):
     """Every column of the source gets exactly one role; a column with none is an error."""
 
     model_config = _STRICT
+    form_title = "column roles"
 
     explicit: list[str] = Field(default=[], description="direct identifiers, removed first")
     k_quasi: list[KQuasi] = Field(default=[], description="generalised to k-anonymity")
@@ -250,11 +263,12 @@ class Roles(BaseModel):
         return self
 
 
-class DPSearch(BaseModel):
+class DPSearch(FormModel):
     """The differentially private choice of the node (SafePub's idea): the exponential mechanism, on
     the full data before sampling, scores nodes by granularity."""
 
     model_config = _STRICT
+    form_title = "DP search of the node"
 
     epsilon: float = Field(gt=0, description="ε_search: the part of the release's ε the search spends, split equally over its draws")
     strategy: Literal["exhaustive", "walk"] = Field(
@@ -273,10 +287,11 @@ class DPSearch(BaseModel):
         return self
 
 
-class DPSettings(BaseModel):
+class DPSettings(FormModel):
     """The parameters of the DP mode: sampling, the node (fixed or searched), and the δ allowed."""
 
     model_config = _STRICT
+    form_title = "DP mode settings"
 
     max_delta: float = Field(gt=0, lt=1, description="largest δ the release may have; refused before any ε if δ(k, β, ε_anon) is above it")
     beta: Annotated[float, Field(gt=0, lt=1)] | SkipJsonSchema[None] = Field(
@@ -296,7 +311,7 @@ class DPSettings(BaseModel):
             raise ValueError("give either `node` (fixed) or `search` (DP search), not both and not neither")
         return self
 
-class Execution(BaseModel):
+class Execution(FormModel):
     """Where a release runs: in one process (``memory``), or partitioned on a Dask cluster (``dask``).
 
     Not part of what a release *is*: the two engines publish the same values in the same order for the
@@ -305,6 +320,7 @@ class Execution(BaseModel):
     """
 
     model_config = _STRICT
+    form_title = "execution engine"
 
     engine: Literal["memory", "dask"] = Field(
         default="memory",
@@ -334,7 +350,7 @@ class Execution(BaseModel):
     )
 
 
-class Population(BaseModel):
+class Population(FormModel):
     """The population a journalist or marketer matches the release against (docs/certificate.md).
 
     Without it the released table is taken to be the whole population (journalist risk = prosecutor
@@ -364,7 +380,7 @@ class Population(BaseModel):
         return self
 
 
-class CertificateSettings(BaseModel):
+class CertificateSettings(FormModel):
     """What the officer's certificate computes beyond the defaults (docs/certificate.md)."""
 
     model_config = _STRICT
@@ -376,10 +392,14 @@ class CertificateSettings(BaseModel):
     suda_max_size: int = Field(default=3, ge=1, le=6, description="largest column combination SUDA searches for special uniques")
 
 
-class ReleaseSpec(BaseModel):
+class ReleaseSpec(FormModel):
     """Everything that defines one governed (k,ε)-anonymised release."""
 
     model_config = _STRICT
+    form_title = "release spec"
+    # What an operator changes on a rerun first; the DP mode's block and the engine last.
+    form_first = ("k", "epsilon", "release_id", "source", "population_id", "roles", "privacy_model")
+    form_last = ("dp", "execution")
 
     release_id: str = Field(
         pattern=r"^[A-Za-z0-9]([A-Za-z0-9._-]|\{date\}|\{run\}){0,127}$",

@@ -9,6 +9,9 @@ Debian's ``chromium``.
 
 ``KEPSILON_UI_SCREENSHOT=docs/advice-figures-in-prefect-ui.png`` also saves the V2 page of the advice run there
 (the README's screenshot). Slow (about a minute): a server, two flow runs, four page loads.
+
+The second part (below) submits the deployments' "Custom run" forms under ``deployments/serve.sh`` in both UIs,
+untouched and edited, and waits for the runs (about nine minutes on a loaded machine).
 """
 
 import asyncio
@@ -16,6 +19,7 @@ import json
 import os
 import shutil
 import socket
+import sqlite3
 import subprocess
 import sys
 import tempfile
@@ -27,7 +31,7 @@ import pytest
 
 from kepsilon.local_server import prefect_server, stop
 
-from .conftest import release_spec_dict
+from .conftest import ROOT, release_spec_dict
 
 # Headless Chromium against a real server, about 60 s: `make test-heavy` (like `make audit-ui-check`).
 pytestmark = [pytest.mark.server, pytest.mark.heavy]
@@ -179,3 +183,245 @@ def _page_socket(port: int, seconds: float = 30) -> str:
             pass
         time.sleep(0.2)
     raise RuntimeError("chromium did not open its DevTools port")
+
+
+# ---------------------------------------------------------------------------------------------------------
+# The deployments' "Custom run" forms, submitted in a real browser against `make serve` (issue 22).
+#
+# deployments/serve.sh, exactly as `make serve` runs it, from a throw-away project folder (links to this
+# checkout's .venv, flows, data and deployments) so that the runs publish under that folder's out/ and keep
+# their private files (Prefect home, audit store, seed key, reports) in a 0700 folder of the test's. For each
+# UI (V2 at /v2/…, V1 at /…) and each deployment, the form is submitted untouched, then with k and ε edited
+# (for the advice: the first k and ε of its grid); both runs must complete, and the store's record of each
+# must hold the values the form showed.
+
+FORM_SCREENSHOT_ENV = "KEPSILON_FORM_SCREENSHOT"
+DEPLOYMENT_IDS = {"release": "governed-release/paper-synthetic-nightly", "advice": "advise/paper-synthetic-advice"}
+
+# The input that belongs to a field's label (the UIs add " (Optional)" to some): the first input or textarea after the label's text, inside the
+# nearest ancestor holding one (both UIs put a field's label and its input in one block). A React or Vue
+# input is changed through the native value setter, then told by an input event.
+SET_FIELD = """((label, index, value) => {
+    const labels = [...document.querySelectorAll('label, span, div, p')]
+        .filter(e => [...e.childNodes].some(n => n.nodeType === 3 && [label, label + ' (Optional)'].includes(n.textContent.trim())));
+    if (!labels.length) return 'no label ' + label;
+    let block = labels[0], inputs = [];
+    while (block && !(inputs = [...block.querySelectorAll('input:not([type=checkbox]), textarea')]).length) block = block.parentElement;
+    const input = inputs[index];
+    if (!input) return 'no input for ' + label;
+    const proto = input instanceof HTMLTextAreaElement ? HTMLTextAreaElement.prototype : HTMLInputElement.prototype;
+    Object.getOwnPropertyDescriptor(proto, 'value').set.call(input, value);
+    input.dispatchEvent(new Event('input', {bubbles: true}));
+    input.dispatchEvent(new Event('change', {bubbles: true}));
+    input.dispatchEvent(new Event('blur', {bubbles: true}));
+    return input.value;
+})(%s, %d, %s)"""
+
+HAS_SUBMIT = "[...document.querySelectorAll('button')].some(b => b.textContent.trim() === 'Submit')"
+CLICK_SUBMIT = """(() => { const buttons = [...document.querySelectorAll('button')].filter(b => b.textContent.trim() === 'Submit');
+    buttons[buttons.length - 1].click(); return buttons.length; })()"""
+# What the page says when it refuses the form (a toast, an alert, a field's error).
+PAGE_ERRORS = """[...document.querySelectorAll('[role=alert], [data-sonner-toast], .p-toast, .p-message, .text-destructive')]
+    .map(e => e.textContent.trim()).filter(Boolean).join(' | ')"""
+
+# The edits per deployment: label, which input under it (a grid's first entry), the new value.
+EDITS = {
+    "release": [("k: smallest group size", 0, "7"), ("ε per record", 0, "0.5")],
+    "advice": [("k values to compare", 0, "7"), ("ε values to compare", 0, "0.5")],
+}
+
+
+class Served:
+    """deployments/serve.sh running from a throw-away project folder: its URLs, folders and environment."""
+
+    def __init__(self, work: Path):
+        self.project = work / "project"
+        self.private = work / "private"
+        self.project.mkdir()
+        self.private.mkdir(mode=0o700)
+        for name in (".venv", "flows", "data", "deployments"):
+            (self.project / name).symlink_to(ROOT / name)
+        self.port = _free_port()
+        self.base = f"http://127.0.0.1:{self.port}"
+        self.env = {
+            key: value for key, value in os.environ.items()
+            if not key.startswith(("PREFECT_", "KEPSILON_"))
+        }
+        self.env.update(
+            PREFECT_PORT=str(self.port),
+            PREFECT_HOME=str(self.private / "prefect"),
+            PREFECT_SERVER_ANALYTICS_ENABLED="false",
+            PREFECT_RESULTS_PERSIST_BY_DEFAULT="false",
+            DO_NOT_TRACK="1",
+            GX_ANALYTICS_ENABLED="false",
+            KEPSILON_AUDIT_DB=str(self.private / "audit.db"),
+            KEPSILON_AUDIT_HEAD_LOG=str(self.private / "head.log"),
+            KEPSILON_SEED_KEY_FILE=str(self.private / "seed.key"),
+            KEPSILON_REPORTS_DIR=str(self.private / "reports"),
+        )
+        self.process: subprocess.Popen | None = None
+
+    def api(self, method: str, path: str, body: dict | None = None):
+        request = urllib.request.Request(
+            f"{self.base}/api{path}", method=method, data=None if body is None else json.dumps(body).encode(),
+            headers={"content-type": "application/json"},
+        )
+        with urllib.request.urlopen(request, timeout=30) as response:
+            return json.load(response)
+
+    def start(self, seconds: float = 240) -> None:
+        venv = ROOT / ".venv" / "bin"
+        subprocess.run(
+            [str(venv / "kepsilon"), "audit", "set-cap", "paper-synthetic-people", "10", "--by", "ui-test", "--reason", "UI rerun test"],
+            cwd=self.project, env=self.env, check=True, capture_output=True, timeout=120,
+        )
+        log = open(self.private / "serve.log", "w")
+        self.process = subprocess.Popen(
+            [str(self.project / "deployments" / "serve.sh")], cwd=self.project, env=self.env,
+            stdout=log, stderr=subprocess.STDOUT, start_new_session=True,
+        )
+        deadline = time.monotonic() + seconds
+        while time.monotonic() < deadline:
+            if self.process.poll() is not None:
+                break
+            if "Ctrl-C stops the worker" in (self.private / "serve.log").read_text():
+                return
+            time.sleep(1)
+        raise AssertionError("make serve did not come up:\n" + (self.private / "serve.log").read_text()[-3000:])
+
+    def deployment_id(self, name: str) -> str:
+        return self.api("GET", f"/deployments/name/{DEPLOYMENT_IDS[name]}")["id"]
+
+    def wait_final(self, flow_run_id: str, seconds: float = 900) -> dict:
+        deadline = time.monotonic() + seconds
+        while time.monotonic() < deadline:
+            run = self.api("GET", f"/flow_runs/{flow_run_id}")
+            if run["state_type"] in ("COMPLETED", "FAILED", "CRASHED", "CANCELLED"):
+                return run
+            time.sleep(2)
+        return self.api("GET", f"/flow_runs/{flow_run_id}")
+
+    def stop(self) -> None:
+        stop(self.process, seconds=30)
+
+
+@pytest.fixture(scope="module")
+def served(tmp_path_factory):
+    server = Served(tmp_path_factory.mktemp("make-serve"))
+    try:
+        server.start()
+        yield server
+    finally:
+        server.stop()
+
+
+def submit_form(url: str, edits: list[tuple[str, int, str]], screenshot: Path | None = None) -> str:
+    """Open a custom-run page, apply ``edits``, press Submit; the id of the flow run the server created."""
+    port = _free_port()
+    profile = tempfile.mkdtemp(prefix="kepsilon-chromium-")
+    browser = subprocess.Popen(
+        [CHROMIUM, "--headless", "--no-sandbox", "--disable-gpu", "--disable-quic", "--no-first-run",
+         "--disable-background-networking", "--disable-component-update", "--disable-sync", "--hide-scrollbars",
+         "--disable-dev-shm-usage", f"--remote-debugging-port={port}", f"--user-data-dir={profile}", "about:blank"],
+        stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
+    )
+    try:
+        return asyncio.run(_submit(_page_socket(port), url, edits, screenshot))
+    finally:
+        stop(browser, seconds=10)
+        shutil.rmtree(profile, ignore_errors=True)
+
+
+async def _submit(socket_url: str, url: str, edits, screenshot: Path | None, timeout: float = 90) -> str:
+    import base64
+
+    import websockets
+
+    async with websockets.connect(socket_url, max_size=2**28) as connection:
+        calls = iter(range(1, 1_000_000))
+        created: list[str] = []  # request ids of the POSTs to create_flow_run
+        answers: dict[str, int] = {}
+
+        def note(message: dict) -> None:
+            params = message.get("params", {})
+            if message.get("method") == "Network.requestWillBeSent" and params["request"]["url"].endswith("/create_flow_run"):
+                created.append(params["requestId"])
+            if message.get("method") == "Network.responseReceived" and params["requestId"] in created:
+                answers[params["requestId"]] = params["response"]["status"]
+
+        async def call(method: str, **params):
+            number = next(calls)
+            await connection.send(json.dumps({"id": number, "method": method, "params": params}))
+            while True:
+                message = json.loads(await connection.recv())
+                if message.get("id") == number:
+                    return message.get("result", {})
+                note(message)
+
+        async def evaluate(expression: str):
+            return (await call("Runtime.evaluate", expression=expression, returnByValue=True)).get("result", {}).get("value")
+
+        await call("Network.enable")
+        await call("Emulation.setDeviceMetricsOverride", width=1400, height=1000, deviceScaleFactor=1, mobile=False)
+        await call("Page.navigate", url=url)
+        deadline = time.monotonic() + timeout
+        while not await evaluate(HAS_SUBMIT):
+            assert time.monotonic() < deadline, f"no Submit button on {url}"
+            await asyncio.sleep(1)
+        await asyncio.sleep(2)  # the form initialises its fields from the schema's defaults after it renders
+        for label, index, value in edits:
+            assert await evaluate(SET_FIELD % (json.dumps(label), index, json.dumps(value))) == value, label
+        await asyncio.sleep(1)
+        if screenshot is not None:
+            screenshot.write_bytes(base64.b64decode((await call("Page.captureScreenshot", format="png"))["data"]))
+        for _attempt in range(3):
+            assert await evaluate(CLICK_SUBMIT)
+            while not answers:
+                if time.monotonic() > deadline:
+                    raise AssertionError(f"the form was not submitted: {await evaluate(PAGE_ERRORS)!r}")
+                await asyncio.sleep(0.5)
+                await evaluate("1")  # lets the events that arrived meanwhile be read
+            (request_id, status), = answers.items()
+            body = (await call("Network.getResponseBody", requestId=request_id))["body"]
+            if status != 503:
+                break
+            # Prefect's SQLite server answers 503 ("database is locked") under load; a person presses again.
+            answers.clear()
+            await asyncio.sleep(3)
+        assert status == 201, f"create_flow_run answered {status}: {body[:500]}"
+        return json.loads(body)["id"]
+
+
+@pytest.mark.skipif(CHROMIUM is None, reason="needs Debian's chromium")
+@pytest.mark.parametrize("deployment", ["release", "advice"])
+@pytest.mark.parametrize("ui", ["v2", "v1"])
+def test_the_custom_run_form_submits_untouched_and_edited_and_both_runs_complete(served, ui, deployment):
+    deployment_id = served.deployment_id(deployment)
+    url = f"{served.base}{'/v2' if ui == 'v2' else ''}/deployments/deployment/{deployment_id}/run"
+    screenshot = os.environ.get(FORM_SCREENSHOT_ENV) if (ui, deployment) == ("v2", "release") else None
+    untouched = submit_form(url, [], screenshot=Path(screenshot) if screenshot else None)
+    edited = submit_form(url, EDITS[deployment])
+    runs = {name: served.wait_final(run_id) for name, run_id in (("untouched", untouched), ("edited", edited))}
+    assert {name: run["state_type"] for name, run in runs.items()} == {"untouched": "COMPLETED", "edited": "COMPLETED"}, (
+        (served.private / "serve.log").read_text()[-4000:]
+    )
+    store = sqlite3.connect(served.env["KEPSILON_AUDIT_DB"])
+    if deployment == "release":
+        recorded = dict(
+            (run_id, (k, epsilon)) for run_id, k, epsilon in store.execute(
+                "SELECT flow_run_id, k, epsilon FROM releases WHERE outcome = 'published' AND flow_run_id IN (?, ?)",
+                (untouched, edited),
+            )
+        )
+        assert recorded == {untouched: (10, 1.0), edited: (7, 0.5)}
+    else:
+        recorded = dict(
+            (run_id, (json.loads(k_values), json.loads(epsilon_values))) for run_id, k_values, epsilon_values in store.execute(
+                "SELECT flow_run_id, k_values, epsilon_values FROM advice_events WHERE flow_run_id IN (?, ?)", (untouched, edited)
+            )
+        )
+        # The advisor records its grid sorted and without repeats: the edit replaced k = 2 and ε = 0.05.
+        assert recorded == {
+            untouched: ([2, 5, 10, 20, 50, 100], [0.05, 0.5, 1.0, 2.0, 4.0, 8.0, 16.0]),
+            edited: ([5, 7, 10, 20, 50, 100], [0.5, 1.0, 2.0, 4.0, 8.0, 16.0]),
+        }

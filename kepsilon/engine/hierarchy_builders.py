@@ -146,6 +146,12 @@ class DateHierarchy(BaseModel):
         return levels
 
 
+def _no_null_default(schema: dict[str, Any]) -> None:
+    """Drop a field's ``default: null`` from its JSON schema (see ``CategoryHierarchy.groups``)."""
+    if schema.get("default", 0) is None:
+        del schema["default"]
+
+
 class CategoryHierarchy(BaseModel):
     """Categories (sex, blood group, region): each value as it is, then ``*``; or value, its group, ``*``.
 
@@ -165,6 +171,9 @@ class CategoryHierarchy(BaseModel):
     groups: dict[str, list[str]] | SkipJsonSchema[None] = Field(
         default=None,
         description="optional grouping {group label: [values]}; every value of the column in exactly one group",
+        # A run form fills a field from its schema's default: a null default would be sent as null, which
+        # the field's schema (null hidden) refuses. Left out, the field is simply absent from the payload.
+        json_schema_extra=_no_null_default,
     )
 
     @field_validator("groups", mode="before")
