@@ -68,7 +68,7 @@ FormatOption = Annotated[Format, typer.Option("--format", "-f", help="table (ric
 def _main(
     ctx: typer.Context,
     db: Annotated[
-        Optional[Path], typer.Option("--db", help="audit store; default env KEPSILON_AUDIT_DB, else ./audit.db")
+        Optional[Path], typer.Option("--db", help="audit store; default env KEPSILON_AUDIT_DB, else ./.kepsilon/audit.db")
     ] = None,
 ) -> None:
     ctx.obj = {"db": db}
@@ -76,7 +76,10 @@ def _main(
 
 def _path(ctx: typer.Context, *, create: bool = False) -> Path:
     """The store's path; read-only questions refuse a missing file rather than create an empty store."""
-    path = store_path(ctx.obj.get("db") if ctx.obj else None)
+    try:
+        path = store_path(ctx.obj.get("db") if ctx.obj else None)
+    except KepsilonError as error:
+        _fail(error)
     if not create and not path.exists():
         _fail(KepsilonError(f"no audit store at {str(path)!r} (use --db or env KEPSILON_AUDIT_DB)"))
     return path
