@@ -4,7 +4,9 @@ import csv
 import io
 import json
 import os
+import re
 import shutil
+from pathlib import Path
 
 import pytest
 from typer.testing import CliRunner
@@ -401,3 +403,44 @@ def test_impact_by_source_file_uses_the_installation_key(tmp_path, monkeypatch):
     assert [row["release_id"] for row in rows(path, "impact", "--source", str(source))] == ["R1"]
     missing = audit(path, "impact", "--source", str(tmp_path / "gone.csv"))
     assert missing.exit_code == 2 and "--source" in missing.output
+
+
+def _in_tmux(command: list[str], tmp_path, columns: int = 120) -> list[str]:
+    """Run ``command`` in a real terminal (a detached tmux session ``columns`` wide) and return the screen's lines."""
+    import shlex
+    import subprocess
+    import time
+
+    session = f"kepsilon-audit-{os.getpid()}-{time.monotonic_ns()}"
+    tmp_path.mkdir(parents=True, exist_ok=True)
+    done = tmp_path / "done"
+    script = f"{shlex.join(command)}; echo $? > {shlex.quote(str(done))}; sleep 60"
+    subprocess.run(["tmux", "new-session", "-d", "-s", session, "-x", str(columns), "-y", "80",
+                    "bash", "--norc", "-c", script], check=True, env={**os.environ, "TERM": "xterm-256color"})
+    try:
+        deadline = time.monotonic() + 120
+        while not done.exists() and time.monotonic() < deadline:
+            time.sleep(0.2)
+        screen = subprocess.run(["tmux", "capture-pane", "-p", "-t", session, "-S", "-200"],
+                                capture_output=True, text=True, check=True).stdout
+    finally:
+        subprocess.run(["tmux", "kill-session", "-t", session], capture_output=True)
+    assert done.read_text().strip() == "0", screen
+    return screen.rstrip("\n").splitlines()
+
+
+@pytest.mark.skipif(shutil.which("tmux") is None, reason="needs tmux for a real terminal")
+def test_wide_answers_stay_readable_in_a_120_column_terminal(store_path, tmp_path):
+    kepsilon = shutil.which("kepsilon") or str(Path(os.sys.executable).with_name("kepsilon"))
+    env_free = [kepsilon, "audit", "--db", str(store_path)]
+    listed = _in_tmux([*env_free, "releases"], tmp_path / "a")
+    assert max(len(line) for line in listed) <= 120
+    # one table, one line per release: its id, status and ε on the same line, the time whole
+    r2 = [line for line in listed if "│ R2 " in line]
+    assert len(r2) == 1 and "published" in r2[0] and "0.25" in r2[0]
+    assert re.search(r"\d{4}-\d{2}-\d{2} \d{2}:\d{2}", r2[0])
+    failures = _in_tmux([*env_free, "failures"], tmp_path / "b")
+    assert max(len(line) for line in failures) <= 120
+    assert "too wide for 120 columns: one record at a time (--format csv or json for a sheet)" in " ".join(failures)
+    reason = [line for line in failures if "failure reason" in line and "ValidationFailed" in line]
+    assert reason and "k_anonymity" in reason[0]  # whole words, not a column of letters
