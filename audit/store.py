@@ -37,7 +37,6 @@ from .errors import StoreUnavailable, sqlite_cause, unavailable
 from .headlog import append_head, check_head_log_place, head_log_path
 from .private import (
     DEFAULT_FOLDER,
-    PrivateFolderError,
     check_not_shared,
     create_private_file,
     make_private_folder,
@@ -432,8 +431,6 @@ def _prepare_file(target: Path) -> None:
             ) from None
     try:
         create_private_file(target, ENV_PATH)
-    except PrivateFolderError:
-        raise
     except OSError:
         pass  # SQLite's own refusal follows, in the store's usual words
     for companion in ("-wal", "-shm"):

@@ -89,13 +89,22 @@ def test_a_store_in_a_folder_others_can_write_is_refused_by_the_cli_in_one_line(
     assert "Traceback" not in done.stderr and list(shared.iterdir()) == []  # nothing created, nothing spent
 
 
-def test_a_release_into_a_shared_store_folder_is_refused_before_anything_is_reserved(tmp_path, keys, monkeypatch):
+@pytest.mark.flow
+@pytest.mark.usefixtures("prefect_harness")
+def test_a_release_into_a_shared_store_folder_is_refused_before_anything_is_read_or_reserved(tmp_path, keys,
+                                                                                           monkeypatch):
+    from kepsilon.flows.release import governed_release
+
     shared = tmp_path / "shared"
     shared.mkdir()
     os.chmod(shared, 0o777)
-    with pytest.raises(PrivateFolderError, match="KEPSILON_AUDIT_DB"):
-        open_store(shared / "audit.db")
-    assert list(shared.iterdir()) == []
+    monkeypatch.setenv("KEPSILON_AUDIT_DB", str(shared / "audit.db"))
+    monkeypatch.setenv("KEPSILON_REPORTS_DIR", str(tmp_path / "reports"))
+    spec = release_spec_dict("paper-synthetic", release_id="r", population_id="p", output_dir=str(tmp_path / "out"))
+    with pytest.raises(PrivateFolderError, match="KEPSILON_AUDIT_DB") as refused:
+        governed_release(parse_spec(spec))
+    assert "\n" not in str(refused.value) and "writable by group or others (mode 0777)" in str(refused.value)
+    assert list(shared.iterdir()) == [] and not (tmp_path / "out").exists()  # no store, no ledger, nothing published
 
 
 def test_the_old_default_store_is_refused_by_name_not_silently_replaced_by_an_empty_one(tmp_path, keys):
