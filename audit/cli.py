@@ -136,7 +136,8 @@ def _console() -> Console:
     return Console(width=int(os.environ.get("COLUMNS", "0") or 0) or 120)
 
 
-_TIMESTAMP = re.compile(r"^(\d{4}-\d{2}-\d{2})T(\d{2}:\d{2})(:\d{2}(\.\d+)?)?Z$")
+# The store's own "…Z" timestamps and the flow's ISO ones ("…+00:00"), both UTC.
+_TIMESTAMP = re.compile(r"^(\d{4}-\d{2}-\d{2})T(\d{2}:\d{2})(:\d{2}(\.\d+)?)?(Z|\+00:00)$")
 
 
 def _cell(value) -> str:
