@@ -61,9 +61,12 @@ serve: install
 deployment-check: install
 	$(BIN)/python deployments/check_deployment.py
 
-## audit-ui: read-only Datasette over the audit store, officers' questions as canned queries (port 8001)
+## audit-ui: read-only Datasette over the audit store, officers' questions as canned queries only (port 8001):
+## no SQL, no table pages, writes answered 405. The metadata's canned queries attach to a database named
+## "audit", so the store's file must be called audit.db (the default ./.kepsilon/audit.db is).
 audit-ui: install
-	$(BIN)/datasette serve $${KEPSILON_AUDIT_DB:-audit.db} --metadata audit/datasette.yaml --host 127.0.0.1 --port 8001
+	$(BIN)/datasette serve $${KEPSILON_AUDIT_DB:-.kepsilon/audit.db} --metadata audit/datasette.yaml \
+		--plugins-dir audit/datasette_plugins --host 127.0.0.1 --port 8001
 
 ## audit-ui-check: the canned queries rendered in headless Chromium (needs Debian's chromium)
 audit-ui-check: install
@@ -77,5 +80,7 @@ reliability: install
 paper: install
 	$(BIN)/python -m benchmarks.paper
 
+## clean: the demo's outputs and Prefect's state; the private folder ./.kepsilon (audit store, head log, keys)
+## is kept: it holds the ε ledger and the keys that reruns need. Remove it by hand to start from nothing.
 clean:
-	rm -rf out .prefect audit.db audit.db-wal audit.db-shm
+	rm -rf out .prefect

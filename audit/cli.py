@@ -17,7 +17,9 @@ import csv
 import io
 import json
 import os
+import re
 import sqlite3
+import sys
 from collections.abc import Iterator
 from enum import Enum
 from pathlib import Path
@@ -25,6 +27,7 @@ from typing import Annotated, Optional
 
 import typer
 from rich.console import Console
+from rich.markup import escape
 from rich.table import Table
 
 from kepsilon.tasks.errors import KepsilonError
@@ -68,7 +71,7 @@ FormatOption = Annotated[Format, typer.Option("--format", "-f", help="table (ric
 def _main(
     ctx: typer.Context,
     db: Annotated[
-        Optional[Path], typer.Option("--db", help="audit store; default env KEPSILON_AUDIT_DB, else ./audit.db")
+        Optional[Path], typer.Option("--db", help="audit store; default env KEPSILON_AUDIT_DB, else ./.kepsilon/audit.db")
     ] = None,
 ) -> None:
     ctx.obj = {"db": db}
@@ -76,7 +79,10 @@ def _main(
 
 def _path(ctx: typer.Context, *, create: bool = False) -> Path:
     """The store's path; read-only questions refuse a missing file rather than create an empty store."""
-    path = store_path(ctx.obj.get("db") if ctx.obj else None)
+    try:
+        path = store_path(ctx.obj.get("db") if ctx.obj else None)
+    except KepsilonError as error:
+        _fail(error)
     if not create and not path.exists():
         _fail(KepsilonError(f"no audit store at {str(path)!r} (use --db or env KEPSILON_AUDIT_DB)"))
     return path
@@ -120,18 +126,85 @@ def _emit(rows: list[dict], fmt: Format, title: str) -> None:
             writer.writerows(rows)
         typer.echo(buffer.getvalue(), nl=False)
         return
-    table = Table(title=title)
-    for column in rows[0] if rows else ["(no rows)"]:
-        table.add_column(column, overflow="fold")
-    for row in rows:
-        table.add_row(*("" if value is None else str(value) for value in row.values()))
-    Console(width=max(120, int(os.environ.get("COLUMNS", "0") or 0))).print(table)
+    _print_table(rows, title)
 
 
-def _answer(ctx: typer.Context, name: str, fmt: Format, **params) -> None:
+def _console() -> Console:
+    """The terminal's own width on a terminal; 120 columns (or env COLUMNS) when the output is piped."""
+    if sys.stdout.isatty():
+        return Console()
+    return Console(width=int(os.environ.get("COLUMNS", "0") or 0) or 120)
+
+
+# The store's own "…Z" timestamps and the flow's ISO ones ("…+00:00"), both UTC.
+_TIMESTAMP = re.compile(r"^(\d{4}-\d{2}-\d{2})T(\d{2}:\d{2})(:\d{2}(\.\d+)?)?(Z|\+00:00)$")
+
+
+def _cell(value) -> str:
+    """A value as a table shows it: timestamps to the minute, UTC (CSV and JSON keep them whole)."""
+    if value is None:
+        return ""
+    text = str(value)
+    match = _TIMESTAMP.match(text)
+    return f"{match.group(1)} {match.group(2)}" if match else text
+
+
+def _print_table(rows: list[dict], title: str) -> None:
+    """One rich table when every cell fits on one line of the terminal; else each record as a two-column
+    table (name, value), like ``psql``'s expanded display, after a one-line hint naming ``--format csv``.
+
+    Headers wrap at word boundaries (underscores shown as spaces); cells never wrap in the wide layout,
+    since a folded identifier or timestamp reads as noise.
+    """
+    console = _console()
+    columns = list(rows[0]) if rows else ["(no rows)"]
+    headers = [column.replace("_", " ") for column in columns]
+    texts = [[_cell(value) for value in row.values()] for row in rows]
+    widths = [max([max(len(word) for word in header.split())] + [len(values[i]) for values in texts])
+              for i, header in enumerate(headers)]
+    needed = sum(widths) + 3 * len(widths) + 1  # "│ " before each cell, " " after, and the closing border
+    if not rows or needed <= console.width:
+        table = Table(title=title)
+        for header, width in zip(headers, widths):
+            table.add_column(header, overflow="fold", width=width)  # headers wrap, cells stay whole
+        for values in texts:
+            table.add_row(*values)
+        console.print(table)
+        return
+    console.print(f"[bold]{escape(title)}[/bold]: {len(rows)} record(s) of {len(columns)} columns, too wide for "
+                  f"{console.width} columns: one record at a time (--format csv or json for a sheet)", highlight=False)
+    for number, values in enumerate(texts, start=1):
+        record = Table(show_header=False, title=f"{number} of {len(texts)}", title_justify="left")
+        record.add_column("column", style="bold", no_wrap=True)
+        record.add_column("value", overflow="fold")
+        for header, value in zip(headers, values):
+            record.add_row(header, value)
+        console.print(record)
+
+
+def _answer(ctx: typer.Context, name: str, fmt: Format, *, known: dict[str, str] | None = None, **params) -> None:
+    """Run one question. ``known``: the ids it names, by kind ("population", "release"), each of which must be
+    in the store — an unknown or empty one is refused (exit 2, one line), never answered with an empty table."""
     with _store(ctx) as db:
+        for kind, identifier in (known or {}).items():
+            _require_known(db, kind, identifier)
         answer = queries.run(db, name, **params)
     _emit(answer, fmt, queries.QUERIES[name].title)
+
+
+def _require_known(db, kind: str, identifier: str) -> None:
+    """Refuse an id the store has never seen: an empty table or zeros would read as "nothing happened"."""
+    if not identifier.strip():
+        raise KepsilonError(f"give a {kind} id (`kepsilon audit {kind}s` lists them)")
+    if kind == "population":
+        known = db.execute("SELECT 1 FROM populations WHERE population_id = ?", [identifier]).fetchone()
+    else:
+        known = db.execute(
+            "SELECT 1 FROM releases WHERE release_id = :id UNION ALL SELECT 1 FROM ledger WHERE release_id = :id "
+            "UNION ALL SELECT 1 FROM approvals WHERE release_id = :id LIMIT 1", {"id": identifier}
+        ).fetchone()
+    if not known:
+        raise KepsilonError(f"{kind} {identifier!r} is not in the audit store (`kepsilon audit {kind}s` lists them)")
 
 
 def _fail(error: Exception) -> None:
@@ -142,7 +215,23 @@ def _fail(error: Exception) -> None:
 @audit_app.command()
 def budget(ctx: typer.Context, population: str, format: FormatOption = Format.table) -> None:
     """Q1: ε spent by POPULATION (lifetime, last 12 months), reserved, left under its cap; its DP total (ε, δ)."""
-    _answer(ctx, "budget", format, population=population)
+    _answer(ctx, "budget", format, known={"population": population}, population=population)
+
+
+@audit_app.command()
+def releases(
+    ctx: typer.Context,
+    population: Annotated[str, typer.Option(help="only this population")] = "",
+    format: FormatOption = Format.table,
+) -> None:
+    """Every release, newest first: status, privacy model, k, ε, δ, records published (reservations not yet recorded too)."""
+    _answer(ctx, "release_list", format, known={"population": population} if population else None, population=population)
+
+
+@audit_app.command()
+def populations(ctx: typer.Context, format: FormatOption = Format.table) -> None:
+    """Every population, newest first: ε cap, spent and left, δ cap, releases and records published."""
+    _answer(ctx, "population_list", format)
 
 
 @audit_app.command()
@@ -159,25 +248,37 @@ def policy(
 @audit_app.command()
 def who(ctx: typer.Context, release: str, format: FormatOption = Format.table) -> None:
     """Q3: who ran RELEASE, who approved it, and whether they were the same person."""
-    _answer(ctx, "who", format, release=release)
+    _answer(ctx, "who", format, known={"release": release}, release=release)
 
 
 @audit_app.command()
 def provenance(ctx: typer.Context, release: str, format: FormatOption = Format.table) -> None:
-    """Q4: source file hash and code versions that produced RELEASE."""
-    _answer(ctx, "provenance", format, release=release)
+    """Q4: source fingerprint (keyed) and code versions that produced RELEASE."""
+    _answer(ctx, "provenance", format, known={"release": release}, release=release)
 
 
 @audit_app.command()
 def impact(
     ctx: typer.Context,
-    source_sha: Annotated[str, typer.Option(help="SHA-256 of a source file")] = "",
+    source: Annotated[
+        Optional[Path], typer.Option(help="a source file or Parquet folder: its fingerprint under this installation's key")
+    ] = None,
+    source_sha: Annotated[str, typer.Option(help="a source fingerprint as `provenance` shows it")] = "",
     version: Annotated[str, typer.Option(help="a version ('2.4.6') or package=version ('numpy=2.4.6')")] = "",
     format: FormatOption = Format.table,
 ) -> None:
-    """Q4: releases that used a source hash or a library/code version (impact analysis)."""
+    """Q4: releases that used a source (file or fingerprint) or a library/code version (impact analysis)."""
+    if source is not None:
+        from .fingerprint import file_fingerprint
+
+        try:
+            source_sha = file_fingerprint(source)
+        except OSError as error:
+            _fail(KepsilonError(f"option '--source': cannot read {str(source)!r} ({error.strerror})"))
+        except KepsilonError as error:
+            _fail(error)
     if not source_sha and not version:
-        _fail(KepsilonError("give --source-sha and/or --version"))
+        _fail(KepsilonError("give --source, --source-sha and/or --version"))
     _answer(ctx, "impact", format, source_sha=source_sha, version=version)
 
 
@@ -199,7 +300,8 @@ def noise_draws(ctx: typer.Context, format: FormatOption = Format.table) -> None
 
 @audit_app.command()
 def failures(ctx: typer.Context, format: FormatOption = Format.table) -> None:
-    """Q7: releases refused (e.g. over budget), failed, with a failed check, or over their suppression budget."""
+    """Q7: releases refused, failed, with a failed check (its figure and limit) or over their suppression budget, and
+    the ε each one's reservation holds."""
     _answer(ctx, "failures", format)
 
 
@@ -226,7 +328,7 @@ def unseals(
     format: FormatOption = Format.table,
 ) -> None:
     """Q9: who unsealed a seed, when, why, and whether it matched its commitment."""
-    _answer(ctx, "unseals", format, release=release)
+    _answer(ctx, "unseals", format, known={"release": release} if release else None, release=release)
 
 
 @audit_app.command()
@@ -236,7 +338,7 @@ def advice(
     format: FormatOption = Format.table,
 ) -> None:
     """Q11: who ran the parameter advisor (a read of private data), when, on which source and spec."""
-    _answer(ctx, "advice", format, population=population)
+    _answer(ctx, "advice", format, known={"population": population} if population else None, population=population)
 
 
 @audit_app.command()

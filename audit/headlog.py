@@ -8,6 +8,7 @@ chain shorter than a logged length, or with another hash at that length, is a ro
 
 The path is env ``KEPSILON_AUDIT_HEAD_LOG`` (set it in the deployment to a place the store's writers
 cannot rewrite: another disk, an append-only mount), else the store's path + ``.heads`` beside it.
+The log is created 0600 (its folder 0700 when this creates it), like the store.
 Each line is one JSON object written with a single ``write`` on an ``O_APPEND`` descriptor and fsynced,
 so concurrent writers never interleave and a torn last line (a crash mid-write) is simply skipped.
 """
@@ -20,6 +21,8 @@ import re
 from dataclasses import dataclass
 from datetime import datetime, timezone
 from pathlib import Path
+
+from .private import FILE_MODE, check_not_shared, make_private_folder, owner_only
 
 ENV_HEAD_LOG = "KEPSILON_AUDIT_HEAD_LOG"
 SUFFIX = ".heads"
@@ -47,6 +50,16 @@ def head_log_path(store: str | Path, head_log: str | Path | None = None) -> Path
     return Path(str(store) + SUFFIX)
 
 
+def check_head_log_place(path: Path) -> None:
+    """Refuse a head log whose folder others can write to, and narrow an older, wider log to its owner.
+
+    Run when the store is opened, before anything is written: after a commit it would be too late to refuse.
+    """
+    if path.parent.exists():
+        check_not_shared(path.parent, ENV_HEAD_LOG)
+    owner_only(path, ENV_HEAD_LOG)
+
+
 def append_head(path: Path, entries: int, head_hash: str, store: str) -> None:
     """Append one head line and fsync it (and, for a new file, its directory entry).
 
@@ -55,10 +68,13 @@ def append_head(path: Path, entries: int, head_hash: str, store: str) -> None:
     """
     at = datetime.now(timezone.utc).strftime("%Y-%m-%dT%H:%M:%S.%fZ")
     line = json.dumps({"entries": entries, "head_hash": head_hash, "at": at, "store": store}, ensure_ascii=False)
-    path.parent.mkdir(parents=True, exist_ok=True)
+    if not path.parent.exists():
+        make_private_folder(path.parent)
     created = not path.exists()
-    fd = os.open(path, os.O_RDWR | os.O_APPEND | os.O_CREAT, 0o644)
+    fd = os.open(path, os.O_RDWR | os.O_APPEND | os.O_CREAT | os.O_NOFOLLOW, FILE_MODE)
     try:
+        if created:
+            os.fchmod(fd, FILE_MODE)  # whatever the umask: the log is as private as the store
         size = os.fstat(fd).st_size
         torn = size > 0 and os.pread(fd, 1, size - 1) != b"\n"
         os.write(fd, (("\n" if torn else "") + line + "\n").encode("utf-8"))

@@ -25,10 +25,15 @@ _TWELVE_MONTHS_AGO = "strftime('%Y-%m-%dT%H:%M:%fZ', 'now', '-12 months')"
 
 @dataclass(frozen=True)
 class Query:
+    """One officers' question. ``browser_sql``: the variant Datasette serves, where it must leave out the
+    keyed source fingerprints (the browser is for reading records, not matching files: that is
+    ``kepsilon audit impact --source FILE``, which needs the installation's key anyway)."""
+
     title: str
     description: str
     sql: str
     params: tuple[str, ...] = ()
+    browser_sql: str | None = None
 
 
 _BUDGET = f"""
@@ -102,6 +107,8 @@ WHERE :release != '' AND r.release_id = :release
 ORDER BY r.id
 """
 
+_PROVENANCE_BROWSER = _PROVENANCE.replace("r.source_path, r.source_sha256, r.source_rows", "r.source_path, r.source_rows")
+
 _IMPACT = """
 SELECT r.id AS record, r.release_id, r.outcome, r.population_id, r.source_sha256, r.kepsilon_version, r.git_commit,
        r.finished_at,
@@ -112,6 +119,17 @@ WHERE (:source_sha != '' AND r.source_sha256 = :source_sha)
    OR (:version != '' AND EXISTS (
          SELECT 1 FROM software s WHERE s.release = r.id
             AND (s.version = :version OR s.package || '=' || s.version = :version)))
+ORDER BY r.id
+"""
+
+_IMPACT_BROWSER = """
+SELECT r.id AS record, r.release_id, r.outcome, r.population_id, r.kepsilon_version, r.git_commit, r.finished_at,
+       (SELECT group_concat(package || '=' || COALESCE(version, ''), ', ')
+          FROM (SELECT package, version FROM software s WHERE s.release = r.id ORDER BY package)) AS software
+FROM releases r
+WHERE :version != '' AND EXISTS (
+        SELECT 1 FROM software s WHERE s.release = r.id
+           AND (s.version = :version OR s.package || '=' || s.version = :version))
 ORDER BY r.id
 """
 
@@ -153,7 +171,17 @@ WHERE d.noise_draws > 1 OR s.seeds > 1
 ORDER BY d.idempotency_key
 """
 
-_FAILURES = """
+# A failed check as the private record stores it: {"name", "success", "figure"?, "limit"?}; records from
+# before figures were kept show "—" for them.
+_FAILED_CHECK_FIGURES = """(SELECT group_concat(
+             json_extract(c.value, '$.name') || ' ' ||
+             COALESCE(CAST(json_extract(c.value, '$.figure') AS TEXT), '—') || ' (limit ' ||
+             COALESCE(CAST(json_extract(c.value, '$.limit') AS TEXT), '—') || ')', '; ')
+           FROM json_each(CASE WHEN json_valid(r.manifest) AND json_type(r.manifest, '$.checks') = 'array'
+                               THEN r.manifest ELSE '{"checks": []}' END, '$.checks') c
+           WHERE json_type(c.value) = 'object' AND NOT json_extract(c.value, '$.success'))"""
+
+_FAILURES = f"""
 SELECT * FROM (
   SELECT r.id AS record, r.release_id, r.outcome,
          -- records from before failure_reason existed keep their reason in the manifest
@@ -161,6 +189,16 @@ SELECT * FROM (
                   r.outcome_detail) AS failure_reason,
          (SELECT group_concat(name, ', ') FROM (SELECT name FROM checks c WHERE c.release = r.id AND c.success = 0
                                                ORDER BY c.id)) AS failed_checks,
+         {_FAILED_CHECK_FIGURES} AS check_figures,
+         -- the ε this release's reservation holds: spent once noise was drawn, voided, or still reserved
+         CASE WHEN r.reservation_id IS NULL THEN 0
+              ELSE (SELECT nano_epsilon FROM ledger l WHERE l.id = r.reservation_id) / 1e9 END AS epsilon,
+         CASE WHEN r.reservation_id IS NULL THEN 'none (refused before a reservation)'
+              WHEN EXISTS (SELECT 1 FROM ledger v WHERE v.reservation_id = r.reservation_id AND v.kind = 'void')
+                THEN 'voided'
+              WHEN EXISTS (SELECT 1 FROM ledger s WHERE s.reservation_id = r.reservation_id AND s.kind = 'spend')
+                THEN 'spent'
+              ELSE 'reserved (a rerun reuses it)' END AS epsilon_status,
          CASE WHEN r.outcome = 'published' THEN r.rows_published ELSE 0 END AS rows_published,
          COALESCE((SELECT SUM(rows_removed) FROM stage_counts sc WHERE sc.release = r.id AND sc.stage LIKE '%suppress%'),
                   CASE WHEN r.outcome = 'published' THEN r.rows_in - r.rows_published END) AS rows_suppressed,
@@ -215,6 +253,55 @@ WHERE :population = '' OR a.population_id = :population
 ORDER BY a.id
 """
 
+# Newest first. A reservation without any record yet is a release in progress, or interrupted (a rerun
+# resumes it): listed with status 'reserved' so a release that spent nothing visible still shows.
+_RELEASES = """
+SELECT release_id, population_id, status, model, k, epsilon, delta, records_published, operator, at FROM (
+  SELECT r.id AS record_id, r.release_id, r.population_id, r.outcome AS status, r.privacy_model AS model, r.k,
+         r.epsilon, r.delta, CASE WHEN r.outcome = 'published' THEN r.rows_published END AS records_published,
+         r.operator, COALESCE(r.finished_at, r.recorded_at) AS at
+  FROM releases r
+  UNION ALL
+  SELECT NULL, l.release_id, l.population_id,
+         CASE WHEN EXISTS (SELECT 1 FROM ledger v WHERE v.reservation_id = l.id AND v.kind = 'void') THEN 'voided'
+              ELSE 'reserved' END,
+         CASE WHEN l.atto_delta IS NULL THEN NULL ELSE 'dp' END, NULL, l.nano_epsilon / 1e9, l.atto_delta / 1e18,
+         NULL, l.actor, l.created_at
+  FROM ledger l
+  WHERE l.kind = 'reserve' AND NOT EXISTS (SELECT 1 FROM releases x WHERE x.idempotency_key = l.idempotency_key))
+WHERE :population = '' OR population_id = :population
+ORDER BY at DESC, record_id DESC
+"""
+
+_POPULATIONS = """
+WITH caps AS (SELECT population_id, nano_epsilon, atto_delta,
+                     ROW_NUMBER() OVER (PARTITION BY population_id ORDER BY id DESC) AS newest
+              FROM ledger WHERE kind = 'cap'),
+     live AS (SELECT r.population_id, r.nano_epsilon AS nano FROM ledger r
+              WHERE r.kind = 'reserve'
+                AND NOT EXISTS (SELECT 1 FROM ledger v WHERE v.reservation_id = r.id AND v.kind = 'void')),
+     redraws AS (SELECT s.population_id, s.nano_epsilon AS nano FROM ledger s
+                 WHERE s.kind = 'spend'
+                   AND s.id > (SELECT MIN(f.id) FROM ledger f WHERE f.kind = 'spend' AND f.reservation_id = s.reservation_id))
+SELECT p.population_id, c.nano_epsilon / 1e9 AS epsilon_cap,
+       COALESCE((SELECT SUM(nano_epsilon) FROM ledger s WHERE s.population_id = p.population_id AND s.kind = 'spend'), 0)
+         / 1e9 AS epsilon_spent,
+       CASE WHEN c.nano_epsilon IS NULL THEN NULL
+            ELSE (c.nano_epsilon - COALESCE((SELECT SUM(nano) FROM live WHERE live.population_id = p.population_id), 0)
+                                 - COALESCE((SELECT SUM(nano) FROM redraws WHERE redraws.population_id = p.population_id), 0))
+                 / 1e9 END AS epsilon_left,
+       c.atto_delta / 1e18 AS delta_cap,
+       (SELECT COUNT(*) FROM releases r WHERE r.population_id = p.population_id AND r.outcome = 'published') AS published,
+       (SELECT COALESCE(SUM(rows_published), 0) FROM releases r
+         WHERE r.population_id = p.population_id AND r.outcome = 'published') AS records_published,
+       (SELECT MAX(COALESCE(finished_at, recorded_at)) FROM releases r WHERE r.population_id = p.population_id) AS last_release_at,
+       p.created_at
+FROM populations p LEFT JOIN caps c ON c.population_id = p.population_id AND c.newest = 1
+ORDER BY p.created_at DESC, p.population_id
+"""
+
+_ADVICE_BROWSER = _ADVICE.replace("a.created_at, a.source_sha256, a.source_rows", "a.created_at, a.source_rows")
+
 _CHAIN_HEAD = """
 SELECT (SELECT COUNT(*) FROM chain) AS entries,
        (SELECT entry_hash FROM chain ORDER BY seq DESC LIMIT 1) AS head_hash,
@@ -248,17 +335,19 @@ QUERIES: dict[str, Query] = {
     ),
     "provenance": Query(
         "4a. Source and code of a release",
-        "release (required): source file hash and rows, spec hash, package versions and git commit, seed "
-        "commitment, outputs.",
+        "release (required): source file fingerprint (keyed) and rows, spec hash, package versions and git commit, "
+        "seed commitment, outputs.",
         _PROVENANCE,
         ("release",),
+        browser_sql=_PROVENANCE_BROWSER,
     ),
     "impact": Query(
         "4b. Releases that used a source hash or a library version",
-        "Impact analysis after a bug: give a source SHA-256 and/or a version ('2.4.6' or 'numpy=2.4.6'); "
-        "with neither, no answer.",
+        "Impact analysis after a bug: give a version ('2.4.6' or 'numpy=2.4.6'); with none, no answer. Releases "
+        "made from a given file: `kepsilon audit impact --source FILE` (it needs the installation's fingerprint key).",
         _IMPACT,
         ("source_sha", "version"),
+        browser_sql=_IMPACT_BROWSER,
     ),
     "reruns": Query(
         "5. Rerun provenance",
@@ -275,7 +364,8 @@ QUERIES: dict[str, Query] = {
     "failures": Query(
         "7. Failed checks, refusals and suppression beyond budget",
         "Releases not published (with why: check names, error class and message), with a failed check, or with "
-        "more rows suppressed than their budget allows.",
+        "more rows suppressed than their budget allows; each failed check with its figure and limit (— where an "
+        "older record kept none), and the ε its reservation holds (spent, reserved for a rerun, voided).",
         _FAILURES,
     ),
     "scale_basis": Query(
@@ -296,6 +386,19 @@ QUERIES: dict[str, Query] = {
         "source and spec; population: empty for all.",
         _ADVICE,
         ("population",),
+        browser_sql=_ADVICE_BROWSER,
+    ),
+    "release_list": Query(
+        "13. Releases, newest first",
+        "Every release record and every reservation not yet recorded (in progress or interrupted): status, "
+        "privacy model, k, ε, δ, records published; population: empty for all.",
+        _RELEASES,
+        ("population",),
+    ),
+    "population_list": Query(
+        "14. Populations, newest first",
+        "Every population: its ε cap (latest), ε spent and left, δ cap, releases and records published, last release.",
+        _POPULATIONS,
     ),
     "diversity": Query(
         "12. Releases with homogeneous groups or failed diversity checks",
@@ -320,33 +423,45 @@ def run(db: sqlite_utils.Database, name: str, **params) -> list[dict]:
     return list(db.query(query.sql, values))
 
 
-# Tables officers have no need to browse: the sealed seeds are ciphertext only, but listing them invites
-# copying them around; unsealing is the recorded ``kepsilon audit unseal``, never a table view.
-HIDDEN_TABLES = ("sealed_seeds",)
+def store_tables() -> list[str]:
+    """Every table of a store at the current schema (a fresh in-memory store), for Datasette's deny list."""
+    import sqlite3
+
+    from .store import migrations
+
+    db = sqlite_utils.Database(sqlite3.connect(":memory:"))
+    migrations.apply(db)
+    tables = sorted(db.table_names())
+    db.close()
+    return tables
 
 
 def datasette_metadata(database: str = "audit") -> dict:
-    """Datasette metadata with every question as a read-only canned query of ``database``.
+    """Datasette metadata: every question as a read-only canned query of ``database``, and nothing else.
 
-    Each query opens with its answer: ``hide_sql`` keeps the SQL behind a "show" link, so the first thing
-    under the parameters is the result table, not dozens of lines of SQL. The sealed-seed table is hidden
-    from the database page and refused to table views (``allow: false``).
+    No arbitrary SQL (``allow_sql: false``: ``/audit.json?sql=…`` answers 403) and no table pages (every
+    table of the store ``allow: false`` and hidden): the officers read the canned queries, whose browser
+    variants leave the keyed source fingerprints out, and never the sealed seeds. Each query opens with its
+    answer: ``hide_sql`` keeps the SQL behind a "show" link. Writes are refused by the read-only plugin
+    (``audit/datasette_plugins``) with 405, never a server error.
     """
     return {
         "title": "kepsilon audit store",
-        "description": "Read-only view of the ε ledger and release records for privacy officers.",
+        "description": "Read-only view of the ε ledger and release records for privacy officers: canned questions only.",
+        "allow_sql": False,
         "databases": {
             database: {
+                "allow_sql": False,
                 "queries": {
                     name: {
                         "title": q.title,
                         "description": q.description,
                         "hide_sql": True,
-                        "sql": q.sql.strip() + "\n",
+                        "sql": (q.browser_sql or q.sql).strip() + "\n",
                     }
                     for name, q in QUERIES.items()
                 },
-                "tables": {table: {"hidden": True, "allow": False} for table in HIDDEN_TABLES},
+                "tables": {table: {"hidden": True, "allow": False} for table in store_tables()},
             }
         },
     }

@@ -17,11 +17,12 @@ from cryptography.fernet import Fernet, InvalidToken
 
 from kepsilon.tasks.errors import KepsilonError, SpecError
 
+from .private import DEFAULT_FOLDER, owner_only, private_folder, write_private_file
 from .store import append, now, require_text, write_transaction
 
 ENV_KEY = "KEPSILON_SEED_KEY"
 ENV_KEY_FILE = "KEPSILON_SEED_KEY_FILE"
-DEFAULT_KEY_FILE = Path(".kepsilon") / "seed.key"
+DEFAULT_KEY_FILE = DEFAULT_FOLDER / "seed.key"
 # A commitment in clear lets anyone brute-force a short seed; 128 bits make that infeasible.
 MIN_SEED_BYTES = 16
 
@@ -57,14 +58,20 @@ def key_file_path() -> Path:
 
 
 def _load_key() -> bytes:
-    """The Fernet key from env, else from the key file, creating that file (0600) on first use."""
+    """The Fernet key from env, else from the key file, creating that file (0600, folder 0700) on first use.
+
+    A key file whose folder others can write to is refused (they could swap the key); an older, wider
+    key file is narrowed to its owner.
+    """
     raw = os.environ.get(ENV_KEY)
     source = ENV_KEY
     if not raw:
         path = key_file_path()
         source = ENV_KEY_FILE
+        private_folder(path.parent, ENV_KEY_FILE)
         if not path.exists():
-            _create_key_file(path)
+            write_private_file(path, Fernet.generate_key(), ENV_KEY_FILE)
+        owner_only(path, ENV_KEY_FILE)
         raw = path.read_bytes().strip()
     key = raw.encode() if isinstance(raw, str) else raw
     try:
@@ -72,17 +79,6 @@ def _load_key() -> bytes:
     except (ValueError, TypeError):
         raise SpecError(source, "is not a valid urlsafe-base64 Fernet key") from None
     return key
-
-
-def _create_key_file(path: Path) -> None:
-    """Write a fresh key readable only by its owner; losing a race to another process is fine."""
-    path.parent.mkdir(mode=0o700, parents=True, exist_ok=True)
-    try:
-        fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600)
-    except FileExistsError:
-        return
-    with os.fdopen(fd, "wb") as handle:
-        handle.write(Fernet.generate_key())
 
 
 def _fingerprint(key: bytes) -> str:

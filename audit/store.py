@@ -15,6 +15,7 @@ SQLite failures that are the store's fault (locked too long, read-only, full dis
 from __future__ import annotations
 
 import contextlib
+import fcntl
 import functools
 import hashlib
 import json
@@ -33,10 +34,22 @@ from sqlite_utils.migrations import Migrations
 from kepsilon.tasks.errors import SpecError
 
 from .errors import StoreUnavailable, sqlite_cause, unavailable
-from .headlog import append_head, head_log_path
+from .headlog import append_head, check_head_log_place, head_log_path
+from .private import (
+    DEFAULT_FOLDER,
+    check_not_shared,
+    create_private_file,
+    make_private_folder,
+    owner_only,
+)
 
-DEFAULT_PATH = "audit.db"
+# The store lives in the project's private folder (0700) by default, never loose in the project folder.
+DEFAULT_PATH = str(DEFAULT_FOLDER / "audit.db")
+# Where the store lived before it moved into the private folder: found there, it is not silently left behind.
+LEGACY_PATH = "audit.db"
 ENV_PATH = "KEPSILON_AUDIT_DB"
+# Beside the store: held while a process switches a fresh store to WAL and applies the schema.
+LOCK_SUFFIX = ".lock"
 # Long enough for 16+ processes queueing on BEGIN IMMEDIATE; each transaction lasts milliseconds.
 BUSY_TIMEOUT_MS = 60_000
 # Seconds; a deployment (or a test) may shorten or lengthen the wait for another writer's lock.
@@ -339,29 +352,41 @@ def _ledger_delta(db: sqlite_utils.Database) -> None:
 
 
 def store_path(path: str | Path | None = None) -> Path:
-    """The store's file: ``path``, else env KEPSILON_AUDIT_DB, else ./audit.db."""
+    """The store's file: ``path``, else env KEPSILON_AUDIT_DB, else ./.kepsilon/audit.db.
+
+    A store left at ./audit.db by an earlier version is refused by name rather than passed over: a fresh
+    empty store in its place would forget every ε already spent.
+    """
     if path is not None:
         return Path(path)
-    return Path(os.environ.get(ENV_PATH) or DEFAULT_PATH)
+    configured = os.environ.get(ENV_PATH)
+    if configured:
+        return Path(configured)
+    if Path(LEGACY_PATH).exists():
+        raise SpecError(
+            ENV_PATH,
+            f"an audit store is at ./{LEGACY_PATH}, where earlier versions kept it; move it and its "
+            f"{LEGACY_PATH}.heads into ./{DEFAULT_FOLDER}/ (mode 0700), or point {ENV_PATH} at it",
+        )
+    return Path(DEFAULT_PATH)
 
 
 def open_store(path: str | Path | None = None) -> sqlite_utils.Database:
     """Open (creating if needed) the audit store with WAL, foreign keys and a busy timeout; apply migrations.
 
-    Migrations are applied under ``BEGIN IMMEDIATE``, so processes opening a fresh store at the same
-    time cannot apply the schema twice.
+    The store is private: its folder is created 0700 (an existing one that group or others can write to
+    is refused, naming KEPSILON_AUDIT_DB), the file is created 0600 before SQLite opens it — SQLite gives
+    its -wal and -shm the database file's mode, whatever the umask — and an older, wider store, -wal or
+    -shm is narrowed to its owner.
+    The WAL switch and the migrations run under an exclusive lock on ``<store>.lock``, with a retry on
+    SQLITE_BUSY (switching a fresh file to WAL does not wait on SQLite's busy handler), so processes
+    opening a fresh store together neither fail nor apply the schema twice.
     A store that cannot be opened (directory not creatable, read-only, corrupt, not a database) raises
     ``StoreUnavailable``. ``synchronous = FULL`` makes each commit durable before it returns, so a head
     logged after a commit can never be ahead of what survives a power cut.
     """
     target = store_path(path)
-    try:
-        if target.parent and not target.parent.exists():
-            target.parent.mkdir(parents=True, exist_ok=True)
-    except OSError as error:
-        raise StoreUnavailable(
-            f"audit store {str(target)!r}: its directory cannot be created ({type(error).__name__})"
-        ) from None
+    _prepare_file(target)
     try:
         conn = sqlite3.connect(str(target), timeout=busy_timeout_ms() / 1000)
     except sqlite3.Error as error:
@@ -371,10 +396,13 @@ def open_store(path: str | Path | None = None) -> sqlite_utils.Database:
         db.execute(f"PRAGMA busy_timeout = {busy_timeout_ms()}")
         db.execute("PRAGMA foreign_keys = ON")
         db.execute("PRAGMA synchronous = FULL")
-        db.enable_wal()
-        if migrations.pending(db):
-            with write_transaction(db):
-                migrations.apply(db)
+        with _setup_lock(target):
+            _switch_to_wal(conn, str(target))
+            if migrations.pending(db):
+                with write_transaction(db):
+                    migrations.apply(db)
+        for companion in ("-wal", "-shm"):
+            owner_only(str(target) + companion, ENV_PATH)
     except sqlite3.Error as error:
         conn.close()
         if sqlite_cause(error) is None:
@@ -384,6 +412,79 @@ def open_store(path: str | Path | None = None) -> sqlite_utils.Database:
         conn.close()
         raise
     return db
+
+
+def _prepare_file(target: Path) -> None:
+    """The store's folder checked (or created 0700) and its file created 0600 (or narrowed to its owner).
+
+    A file that cannot be created (a read-only folder) is left to SQLite, whose refusal says so.
+    """
+    folder = target.parent
+    if folder.exists():
+        check_not_shared(folder, ENV_PATH)
+    else:
+        try:
+            make_private_folder(folder)
+        except OSError as error:
+            raise StoreUnavailable(
+                f"audit store {str(target)!r}: its directory cannot be created ({type(error).__name__})"
+            ) from None
+    try:
+        create_private_file(target, ENV_PATH)
+    except OSError:
+        pass  # SQLite's own refusal follows, in the store's usual words
+    for companion in ("-wal", "-shm"):
+        owner_only(str(target) + companion, ENV_PATH)
+    check_head_log_place(head_log_path(target))
+
+
+@contextlib.contextmanager
+def _setup_lock(target: Path) -> Iterator[None]:
+    """An exclusive ``flock`` on ``<store>.lock`` (0600) for the WAL switch and the schema, waited for up to
+    the busy timeout. Where the lock file cannot be created (read-only folder), the setup runs without it:
+    the retry on SQLITE_BUSY and ``BEGIN IMMEDIATE`` still keep it safe, only less orderly."""
+    lock_path = Path(str(target) + LOCK_SUFFIX)
+    try:
+        fd = os.open(lock_path, os.O_RDWR | os.O_CREAT | os.O_NOFOLLOW, 0o600)
+    except OSError:
+        yield
+        return
+    try:
+        deadline = time.monotonic() + busy_timeout_ms() / 1000
+        delay = 0.005
+        while True:
+            try:
+                fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+                break
+            except BlockingIOError:
+                if time.monotonic() >= deadline:
+                    raise StoreUnavailable(
+                        f"audit store {str(target)!r} is being set up by another process: gave up after waiting "
+                        f"{busy_timeout_ms() / 1000:.0f} s for {lock_path.name}; retry when it has finished"
+                    ) from None
+                time.sleep(delay)
+                delay = min(delay * 2, 0.1)
+        yield
+    finally:
+        os.close(fd)  # closing the descriptor releases the lock
+
+
+def _switch_to_wal(conn: sqlite3.Connection, store: str) -> None:
+    """``journal_mode = WAL``, retried while SQLITE_BUSY: the switch needs the file to itself and, unlike a
+    write, does not call SQLite's busy handler. Gives up after the busy timeout with ``StoreUnavailable``."""
+    deadline = time.monotonic() + busy_timeout_ms() / 1000
+    delay = 0.005
+    while True:
+        try:
+            (mode,) = conn.execute("PRAGMA journal_mode").fetchone()
+            if mode.lower() != "wal":
+                conn.execute("PRAGMA journal_mode = WAL")
+            return
+        except sqlite3.OperationalError as error:
+            if not _is_busy(error) or time.monotonic() >= deadline:
+                raise
+        time.sleep(delay)
+        delay = min(delay * 2, 0.1)
 
 
 @contextlib.contextmanager

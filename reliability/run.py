@@ -17,6 +17,7 @@ from datetime import datetime, timezone
 from pathlib import Path
 
 from .harness import Results, prefect_server, scratch
+from .private_store import private_store_scenario
 from .scenarios import (
     FAULT_POINTS,
     bad_day_scenario,
@@ -74,6 +75,12 @@ def run_all(args) -> tuple[Results, list[dict], dict, dict[str, float], list[dic
         start = time.monotonic()
         leak_matrix = leak_scenario(results, env, base / "leak", leak_sample, rows_with_canaries=10)
         timings["leaks"] = time.monotonic() - start
+
+        # --- A store only its owner reads (issue 21.3): modes, a copy of the store as a guessing oracle,
+        # a shared store folder. Its own block: reliability/private_store.py.
+        start = time.monotonic()
+        private_store_scenario(results, env, base / "private-store", small)
+        timings["private store"] = time.monotonic() - start
 
     start = time.monotonic()
     tamper_scenario(results, env, base / "tamper", base / "race-0" / "audit.db")

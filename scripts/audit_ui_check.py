@@ -37,6 +37,7 @@ from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[1]
 METADATA = ROOT / "audit" / "datasette.yaml"
+PLUGINS = ROOT / "audit" / "datasette_plugins"  # the read-only plugin: writes answer 405
 CHROMIUM_FLAGS = [
     "--headless", "--no-sandbox", "--disable-gpu", "--disable-quic", "--no-first-run",
     "--disable-background-networking", "--disable-component-update", "--disable-sync",
@@ -214,8 +215,13 @@ def expected_pages(chain_entries: int, head_hash: str, checkpoint_entries: int) 
                 [{"release_id": "R2", "operator": "bob", "approver": "bob", "same_person": "yes"}]),
         "who-empty": ("/audit/who", []),
         "provenance": ("/audit/provenance?release=R2",
-                       [{"release_id": "R2", "source_sha256": S2, "git_commit": "abc123"}]),
-        "impact": ("/audit/impact?source_sha=&version=numpy%3D2.4.5", [{"release_id": "R2"}]),
+                       [{"release_id": "R2", "source_rows": "100", "git_commit": "abc123"}]),
+        "impact": ("/audit/impact?version=numpy%3D2.4.5", [{"release_id": "R2"}]),
+        "release_list": ("/audit/release_list?population=",
+                         [{"release_id": r, "status": status} for r, status in
+                          [("R5", "refused"), ("R6", "published"), ("R4", "failed"), ("R3", "published"),
+                           ("R3", "failed"), ("R2", "published"), ("R1", "published")]]),
+        "population_list": ("/audit/population_list", [{"population_id": "adult", "epsilon_left": "0.05"}]),
         "reruns": ("/audit/reruns?only=shared",
                    [{"idempotency_key": "k3", "release_id": "R3", "runs": "2", "outcomes": "failed,published"}]),
         "noise_draws": ("/audit/noise_draws",
@@ -276,7 +282,7 @@ def main() -> int:
     base = f"http://127.0.0.1:{port}"
     datasette = [
         str(Path(sys.executable).with_name("datasette")), "serve", str(store),
-        "--metadata", str(args.metadata), "--host", "127.0.0.1", "--port", str(port),
+        "--metadata", str(args.metadata), "--plugins-dir", str(PLUGINS), "--host", "127.0.0.1", "--port", str(port),
     ]
     server = subprocess.Popen(datasette, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE)
     failures: list[str] = []
@@ -301,19 +307,20 @@ def main() -> int:
         # The sealed seeds: not listed among the tables, and refused as a table view or its JSON.
         dom = dump_dom(args.chromium, f"{base}/audit", work / "profile-database")
         problems = ["listed on the database page"] if "sealed_seeds" in dom else []
-        if "ledger" not in dom:
-            problems.append("database page lists no tables at all (cannot tell hidden from broken)")
-        for path in ("/audit/sealed_seeds", "/audit/sealed_seeds.json"):
+        if "/audit/budget" not in dom:  # every table is hidden now: the page must still list the questions
+            problems.append("database page lists no canned queries (cannot tell hidden from broken)")
+        for path in ("/audit/sealed_seeds", "/audit/sealed_seeds.json", "/audit/releases.json",
+                     "/audit.json?sql=" + urllib.parse.quote("select * from sealed_seeds")):
             if (status := http_status(base + path)) != 403:
                 problems.append(f"{path} answered {status}, not 403")
         screenshot(args.chromium, f"{base}/audit", work / "profile-database", shots / "database.png")
         report("sealed_seeds", "/audit, /audit/sealed_seeds", problems)
 
-        # Read-only: an arbitrary write through the SQL page must be refused.
+        # No SQL at all, reads or writes: the SQL page is refused.
         write = urllib.parse.quote("DELETE FROM ledger")
-        dom = dump_dom(args.chromium, f"{base}/audit?sql={write}", work / "profile-write")
+        status = http_status(f"{base}/audit?sql={write}")
         report("write", "/audit?sql=DELETE FROM ledger",
-               [] if "Statement must be a SELECT" in dom else ["write not refused"])
+               [] if status in (400, 403) else [f"answered {status}, not 400 or 403"])
     finally:
         server.terminate()
         server.wait(timeout=10)

@@ -35,14 +35,19 @@ def private_report_dir(name: str, output_dir: str | Path | None = None) -> Path:
 
     Default root ``reports/private`` (git-ignored), made absolute so a worker writes where the operator
     looks. Refused (``SpecError``) when it would lie inside ``output_dir``, where releases are published:
-    a private figure there would be published with the next release.
+    a private figure there would be published with the next release. The root is created 0700 here,
+    before any work, and refused when group or others can write to it (``audit.private``); each report's
+    folder is 0700 and its files 0600 (``write_figures``).
     """
+    from kepsilon.audit.private import private_folder
+
     root = Path(os.environ.get(REPORTS_ENV) or DEFAULT_REPORTS_DIR).resolve()
     folder = root / name
     if output_dir is not None:
         published = Path(output_dir).resolve()
         if folder == published or published in folder.parents:
             raise SpecError(REPORTS_ENV, "the private report folder must not lie inside the published output folder")
+    private_folder(root, REPORTS_ENV)
     return folder
 
 
@@ -81,12 +86,17 @@ CARD = _Size(scale=0.62, dpi=80)  # 7 in → 347 px: about a card's width on the
 
 
 def write_figures(figures: dict[str, Figure], folder: Path) -> list[Path]:
-    """Write each figure's page-size PNG to ``folder`` (created private, mode 0700); returns the paths."""
-    folder.mkdir(parents=True, exist_ok=True, mode=0o700)
+    """Write each figure's page-size PNG to ``folder`` (created private, mode 0700), each file 0600; returns the paths."""
+    from kepsilon.audit.private import FILE_MODE, private_folder
+
+    private_folder(folder, REPORTS_ENV)
     paths = []
     for name, figure in figures.items():
         path = folder / f"{name}.png"
-        path.write_bytes(figure.png)
+        fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_TRUNC | os.O_NOFOLLOW, FILE_MODE)
+        with os.fdopen(fd, "wb") as handle:
+            os.fchmod(handle.fileno(), FILE_MODE)
+            handle.write(figure.png)
         paths.append(path)
     return paths
 

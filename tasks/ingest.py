@@ -1,7 +1,9 @@
 """Ingest: read the source table and fingerprint it.
 
-The SHA-256 is taken over the exact bytes that are parsed, so the audit record names the file that
-produced the release even if it is replaced afterwards.
+The fingerprint is taken over the exact bytes that are parsed, so the audit record names the file that
+produced the release even if it is replaced afterwards. It is keyed — HMAC-SHA256 under the installation's
+fingerprint key (``audit/fingerprint.py``), never a plain SHA-256 — so a copy of the store cannot confirm
+a guessed source. (The field keeps its historical name ``sha256``.)
 
 Nothing is guessed here. A CSV is read as text: every cell is the exact string between its
 delimiters (no NA words, no numbers, no booleans), so ``NA``, ``007`` and ``9007199254740993`` stay
@@ -12,14 +14,13 @@ dates, timestamps with their time zone).
 
 A folder is a Parquet dataset: its ``*.parquet`` files (hidden ones, starting with ``.`` or ``_``,
 left out), in the order of their names, are one table, all with the same schema. Its fingerprint is
-the SHA-256 over, file after file, the name, a NUL byte, the length as 8 bytes big-endian and the bytes
-(``dataset_sha256``), so renaming, reordering or changing any file changes it. The partitioned path
+the keyed hash over, file after file, the name, a NUL byte, the length as 8 bytes big-endian and the bytes
+(``dataset_fingerprint``), so renaming, reordering or changing any file changes it. The partitioned path
 (``tasks/sources.py``) reads pieces of the same sources with the same parsing functions, so both paths
 see the same values.
 """
 
 import csv
-import hashlib
 import io
 from dataclasses import dataclass
 from pathlib import Path
@@ -31,6 +32,7 @@ from pyarrow import csv as arrow_csv
 from prefect import task
 from prefect.cache_policies import NO_CACHE
 
+from kepsilon.audit.fingerprint import source_fingerprint, source_hasher
 from kepsilon.flows.spec import SourceFormat, SourceSpec
 
 from .errors import InputError
@@ -41,7 +43,7 @@ class SourceTable:
     """The parsed source and its fingerprint."""
 
     frame: pd.DataFrame
-    sha256: str
+    sha256: str  # the keyed fingerprint (HMAC-SHA256), under its historical name
     rows: int
     size: int = 0  # bytes of the source file: sizes the output-folder check before ε is reserved
 
@@ -61,7 +63,7 @@ def read_source(source: SourceSpec) -> SourceTable:
     if path.is_dir():
         return _read_dataset(path)
     raw = read_file_bytes(path)
-    digest = hashlib.sha256(raw).hexdigest()
+    digest = source_fingerprint(raw)
     if source.resolved_format() is SourceFormat.parquet:
         frame = _parse_parquet(raw)
     else:
@@ -222,12 +224,13 @@ def dataset_files(folder: Path) -> list[Path]:
     return files
 
 
-def dataset_sha256(entries) -> str:
-    """The fingerprint of a dataset: SHA-256 over each (name, bytes) in order (module docstring).
+def dataset_fingerprint(entries, key: bytes | None = None) -> str:
+    """The fingerprint of a dataset: the keyed hash over each (name, bytes) in order (module docstring).
 
-    ``entries``: (file name, iterable of byte blocks) pairs, so large files are hashed as they stream.
+    ``entries``: (file name, iterable of byte blocks, length) triples, so large files are hashed as they
+    stream; ``key``: the fingerprint key (default: the installation's).
     """
-    digest = hashlib.sha256()
+    digest = source_hasher(key)
     for name, blocks, length in entries:
         digest.update(name.encode("utf-8") + b"\0" + int(length).to_bytes(8, "big"))
         for block in blocks:
@@ -246,7 +249,7 @@ def _read_dataset(folder: Path) -> SourceTable:
     """A Parquet dataset folder in memory: its files one after the other, as one table."""
     files = dataset_files(folder)
     contents = [read_file_bytes(path) for path in files]
-    digest = dataset_sha256((path.name, [raw], len(raw)) for path, raw in zip(files, contents))
+    digest = dataset_fingerprint((path.name, [raw], len(raw)) for path, raw in zip(files, contents))
     try:
         tables = [pq.read_table(io.BytesIO(raw)) for raw in contents]
     except Exception as exc:  # see _parse_parquet

@@ -6,9 +6,6 @@ runnable on another worker). A refusal (no approval, budget exhausted) and a fai
 recorded too, so officers can see what was attempted, not only what was published.
 """
 
-import os
-from pathlib import Path
-
 from prefect import task
 from prefect.cache_policies import NO_CACHE
 
@@ -17,13 +14,18 @@ from kepsilon.audit.approvals import ApprovalMissing, require_approval
 from kepsilon.audit.ledger import BudgetExceeded, Reservation, mark_noise_drawn, reserve
 from kepsilon.audit.records import record_release
 from kepsilon.audit.seeds import find_sealed_seed, seal_seed, seed_commitment, unseal_seed
-from kepsilon.audit.store import open_store
+from kepsilon.audit.private import check_not_shared
+from kepsilon.audit.store import ENV_PATH, open_store, store_path
 from kepsilon.flows.spec import ReleaseSpec
 
 
 def store_location() -> str:
-    """The audit store's path: ``KEPSILON_AUDIT_DB`` or ``./audit.db``, made absolute for workers."""
-    return str(Path(os.environ.get("KEPSILON_AUDIT_DB", "audit.db")).resolve())
+    """The audit store's path (``audit.store.store_path``: ``KEPSILON_AUDIT_DB`` or ``./.kepsilon/audit.db``),
+    made absolute for workers. A folder others can write to is refused here, before the source is read."""
+    path = store_path().resolve()
+    if path.parent.exists():
+        check_not_shared(path.parent, ENV_PATH)
+    return str(path)
 
 
 @task(name="check-approval", cache_policy=NO_CACHE, persist_result=False)

@@ -1,8 +1,8 @@
 """A source read in pieces, for the partitioned (Dask) release path: the plan, then one piece per task.
 
 The plan reads the source once from start to end, in blocks (memory does not grow with its size): it
-takes the same SHA-256 the in-memory ingest takes (of the file's bytes, or ``dataset_sha256`` of a
-folder), the column names, and where the pieces start and end. Each piece is then read on its own,
+takes the same keyed fingerprint the in-memory ingest takes (of the file's bytes, or ``dataset_fingerprint``
+of a folder), the column names, and where the pieces start and end. Each piece is then read on its own,
 with the in-memory ingest's own parsing functions (``tasks/ingest.py``), so every cell holds the same
 value on both paths:
 
@@ -20,7 +20,6 @@ the whole table's emptiness — each piece reports, and the flow refuses as the 
 the first error in file order, counts added up.
 """
 
-import hashlib
 import math
 from dataclasses import dataclass
 from pathlib import Path
@@ -30,6 +29,7 @@ import pandas as pd
 import pyarrow as pa
 import pyarrow.parquet as pq
 
+from kepsilon.audit.fingerprint import source_hasher
 from kepsilon.flows.spec import SourceFormat, SourceSpec
 
 from .errors import InputError
@@ -38,7 +38,7 @@ from .ingest import (
     arrow_frame,
     column_names,
     dataset_files,
-    dataset_sha256,
+    dataset_fingerprint,
     decode_text,
     parse_csv_text,
     same_schema,
@@ -71,7 +71,7 @@ class SourcePlan:
     files: tuple[str, ...]
     names: tuple[str, ...]
     pieces: tuple[Piece, ...]
-    sha256: str
+    sha256: str  # the keyed fingerprint (HMAC-SHA256, ``audit/fingerprint.py``), under its historical name
     size: int  # bytes of the source files
     memory_bytes: int  # the table's size in memory, estimated (sizes the output-folder check)
     rows: int | None = None  # known before reading for Parquet
@@ -100,7 +100,7 @@ def _plan_csv(source: SourceSpec, partitions: int | None) -> SourcePlan:
         raise InputError(None, f"cannot read {str(path)!r} ({exc.strerror})") from None
     wanted = partitions or max(1, math.ceil(size / CSV_PIECE_BYTES))
     targets = [size * number // wanted for number in range(1, wanted)]
-    digest = hashlib.sha256()
+    digest = source_hasher()
     boundaries: list[tuple[int, int]] = []  # (byte where a piece starts, line breaks before it)
     head, head_done = bytearray(), False
     quotes_before = newlines_before = position = 0
@@ -203,7 +203,7 @@ def _segments(start: int, end: int, file_starts: np.ndarray) -> tuple:
 
 
 def _files_sha256(files: list[Path], dataset: bool) -> tuple[str, int]:
-    """The ingest's fingerprint of a file (SHA-256 of its bytes) or a dataset, read in blocks."""
+    """The ingest's fingerprint of a file (keyed hash of its bytes) or a dataset, read in blocks."""
 
     def blocks(file: Path):
         with open(file, "rb") as handle:
@@ -213,8 +213,8 @@ def _files_sha256(files: list[Path], dataset: bool) -> tuple[str, int]:
     try:
         size = sum(file.stat().st_size for file in files)
         if dataset:
-            return dataset_sha256((f.name, blocks(f), f.stat().st_size) for f in files), size
-        digest = hashlib.sha256()
+            return dataset_fingerprint((f.name, blocks(f), f.stat().st_size) for f in files), size
+        digest = source_hasher()
         for block in blocks(files[0]):
             digest.update(block)
         return digest.hexdigest(), size

@@ -4,7 +4,6 @@ Every comparison is with something computed another way: a release's measured er
 drawn one at a time, the ledger and the published folder as they were before.
 """
 
-import hashlib
 import json
 from pathlib import Path
 
@@ -12,6 +11,7 @@ import numpy as np
 import pytest
 from typer.testing import CliRunner
 
+from kepsilon.audit.fingerprint import file_fingerprint
 from kepsilon.audit.integrity import check_store
 from kepsilon.audit.ledger import set_cap
 from kepsilon.audit.store import open_store
@@ -128,7 +128,7 @@ def test_cli_advise_prints_the_grid_spends_nothing_publishes_nothing_and_is_reco
     assert list(db["ledger"].rows) == ledger_before
     (event,) = db["advice_events"].rows
     assert event["actor"] == "steward-1" and event["via"] == "cli" and event["draws"] == 3
-    assert event["source_sha256"] == hashlib.sha256((ROOT / "data/paper-synthetic/people.csv").read_bytes()).hexdigest()
+    assert event["source_sha256"] == file_fingerprint(ROOT / "data/paper-synthetic/people.csv")  # keyed, not plain
     assert event["spec_hash"] == load_spec(spec_file, operator="steward-1").spec_hash()
     assert json.loads(event["k_values"]) == [10, 50] and json.loads(event["epsilon_values"]) == [1.0, 8.0]
     check_store(db)

@@ -4,7 +4,9 @@ import csv
 import io
 import json
 import os
+import re
 import shutil
+from pathlib import Path
 
 import pytest
 from typer.testing import CliRunner
@@ -126,7 +128,9 @@ def test_q1_budget_lifetime_last_12_months_and_remaining(store_path):
     db = open_store(store_path)
     assert budget(db, "adult")["remaining"] == 150_000_000
     db.close()
-    assert rows(store_path, "budget", "nobody")[0]["cap"] is None
+    unknown = audit(store_path, "budget", "nobody")  # not zeros: a mistyped id is an error naming it
+    assert unknown.exit_code == 2 and unknown.output.strip() == (
+        "error: population 'nobody' is not in the audit store (`kepsilon audit populations` lists them)")
 
 
 def test_q2_policy(store_path):
@@ -297,7 +301,8 @@ def test_questions_about_one_population_or_release_refuse_an_empty_one(store_pat
         assert len(queries.run(db, "budget", population="adult")) == 1
     finally:
         db.close()
-    assert rows(store_path, "budget", "") == []
+    empty = audit(store_path, "budget", "")
+    assert empty.exit_code == 2 and "give a population id" in empty.output
 
 
 def test_scale_basis_any_and_empty_mean_every_release(store_path):
@@ -311,6 +316,131 @@ def test_scale_basis_any_and_empty_mean_every_release(store_path):
 
 def test_datasette_metadata_hides_the_sql_and_the_sealed_seeds():
     metadata = queries.datasette_metadata()["databases"]["audit"]
-    assert set(metadata["queries"]) == set(queries.QUERIES) and len(metadata["queries"]) == 13
+    assert set(metadata["queries"]) == set(queries.QUERIES) and len(metadata["queries"]) == 15
     assert all(query["hide_sql"] is True for query in metadata["queries"].values())
     assert metadata["tables"]["sealed_seeds"] == {"hidden": True, "allow": False}
+
+
+# --- Officers' lists, unknown ids, failures with figures, tables that fit (issue 22.8) ------------------------
+
+
+def test_releases_newest_first_with_status_epsilon_delta_and_records_published(store_path):
+    listed = rows(store_path, "releases")
+    db = open_store(store_path)
+    recorded = db.execute("SELECT COUNT(*) FROM releases").fetchone()[0]
+    unrecorded = db.execute("SELECT COUNT(*) FROM ledger l WHERE kind = 'reserve' AND NOT EXISTS "
+                            "(SELECT 1 FROM releases r WHERE r.idempotency_key = l.idempotency_key)").fetchone()[0]
+    db.close()
+    assert len(listed) == recorded + unrecorded
+    times = [row["at"] for row in listed]
+    assert times == sorted(times, reverse=True)  # newest first
+    r2 = next(row for row in listed if row["release_id"] == "R2")
+    assert (r2["status"], r2["k"], r2["epsilon"], r2["records_published"]) == ("published", 3, 0.25, 98)
+    assert {row["status"] for row in listed} >= {"published", "failed", "refused"}
+    assert [row["release_id"] for row in rows(store_path, "releases", "--population", "adult")] == [
+        row["release_id"] for row in listed if row["population_id"] == "adult"]
+
+
+def test_populations_with_caps_spent_left_and_records_published(store_path):
+    (adult,) = rows(store_path, "populations")
+    assert (adult["population_id"], adult["epsilon_cap"], adult["epsilon_left"]) == ("adult", 2.0, 0.15)
+    assert adult["epsilon_spent"] == pytest.approx(1.85) and adult["delta_cap"] is None
+    db = open_store(store_path)
+    published = db.execute("SELECT COUNT(*), SUM(rows_published) FROM releases "
+                           "WHERE population_id = 'adult' AND outcome = 'published'").fetchone()
+    db.close()
+    assert (adult["published"], adult["records_published"]) == published
+
+
+@pytest.mark.parametrize("arguments, named", [
+    (("budget", "adlt"), "population 'adlt'"),
+    (("advice", "--population", "adlt"), "population 'adlt'"),
+    (("releases", "--population", "adlt"), "population 'adlt'"),
+    (("who", "R99"), "release 'R99'"),
+    (("provenance", "R99"), "release 'R99'"),
+    (("unseals", "--release", "R99"), "release 'R99'"),
+])
+def test_an_unknown_id_is_an_error_naming_it_not_an_empty_answer(store_path, arguments, named):
+    result = audit(store_path, *arguments)
+    assert result.exit_code == 2
+    (line,) = result.output.strip().splitlines()
+    assert named in line and "is not in the audit store" in line
+
+
+def test_failures_show_each_failed_check_with_its_figure_limit_and_the_epsilon_it_spent(tmp_path):
+    path = tmp_path / "audit.db"
+    db = open_store(path)
+    set_cap(db, "adult", 5.0, "alice", "initial")
+    spent = _release(db, "F1", "k1", 0.5)
+    record_release(db, {**_manifest("F1", "k1", checks=()), "checks": [
+        {"name": "k_anonymity", "success": True, "figure": 5, "limit": 5},
+        {"name": "linking_risk_within_limit", "success": False, "figure": 0.31, "limit": 0.2}]},
+        outcome="failed", reservation_id=spent.id)
+    older = reserve(db, population_id="adult", epsilon=0.25, idempotency_key="k2", release_id="F2", operator="bob")
+    record_release(db, _manifest("F2", "k2", checks=(("linking_risk_within_limit", False),)), outcome="failed",
+                   reservation_id=older.id)  # an older record: no figure, no limit; failed before the noise
+    db.close()
+    found = {row["release_id"]: row for row in rows(path, "failures")}
+    assert found["F1"]["check_figures"] == "linking_risk_within_limit 0.31 (limit 0.2)"
+    assert (found["F1"]["epsilon"], found["F1"]["epsilon_status"]) == (0.5, "spent")
+    assert found["F2"]["check_figures"] == "linking_risk_within_limit — (limit —)"
+    assert (found["F2"]["epsilon"], found["F2"]["epsilon_status"]) == (0.25, "reserved (a rerun reuses it)")
+
+
+def test_impact_by_source_file_uses_the_installation_key(tmp_path, monkeypatch):
+    monkeypatch.setenv("KEPSILON_FINGERPRINT_KEY", "ab" * 32)
+    from kepsilon.audit.fingerprint import file_fingerprint
+
+    source = tmp_path / "adult.csv"
+    source.write_text("age,zip\n30,1000\n")
+    path = tmp_path / "audit.db"
+    db = open_store(path)
+    set_cap(db, "adult", 5.0, "alice", "initial")
+    reservation = _release(db, "R1", "k1", 0.5)
+    record_release(db, _manifest("R1", "k1", source=file_fingerprint(source)), outcome="published",
+                   reservation_id=reservation.id)
+    db.close()
+    assert [row["release_id"] for row in rows(path, "impact", "--source", str(source))] == ["R1"]
+    missing = audit(path, "impact", "--source", str(tmp_path / "gone.csv"))
+    assert missing.exit_code == 2 and "--source" in missing.output
+
+
+def _in_tmux(command: list[str], tmp_path, columns: int = 120) -> list[str]:
+    """Run ``command`` in a real terminal (a detached tmux session ``columns`` wide) and return the screen's lines."""
+    import shlex
+    import subprocess
+    import time
+
+    session = f"kepsilon-audit-{os.getpid()}-{time.monotonic_ns()}"
+    tmp_path.mkdir(parents=True, exist_ok=True)
+    done = tmp_path / "done"
+    script = f"{shlex.join(command)}; echo $? > {shlex.quote(str(done))}; sleep 60"
+    subprocess.run(["tmux", "new-session", "-d", "-s", session, "-x", str(columns), "-y", "80",
+                    "bash", "--norc", "-c", script], check=True, env={**os.environ, "TERM": "xterm-256color"})
+    try:
+        deadline = time.monotonic() + 120
+        while not done.exists() and time.monotonic() < deadline:
+            time.sleep(0.2)
+        screen = subprocess.run(["tmux", "capture-pane", "-p", "-t", session, "-S", "-200"],
+                                capture_output=True, text=True, check=True).stdout
+    finally:
+        subprocess.run(["tmux", "kill-session", "-t", session], capture_output=True)
+    assert done.read_text().strip() == "0", screen
+    return screen.rstrip("\n").splitlines()
+
+
+@pytest.mark.skipif(shutil.which("tmux") is None, reason="needs tmux for a real terminal")
+def test_wide_answers_stay_readable_in_a_120_column_terminal(store_path, tmp_path):
+    kepsilon = shutil.which("kepsilon") or str(Path(os.sys.executable).with_name("kepsilon"))
+    env_free = [kepsilon, "audit", "--db", str(store_path)]
+    listed = _in_tmux([*env_free, "releases"], tmp_path / "a")
+    assert max(len(line) for line in listed) <= 120
+    # one table, one line per release: its id, status and ε on the same line, the time whole
+    r2 = [line for line in listed if "│ R2 " in line]
+    assert len(r2) == 1 and "published" in r2[0] and "0.25" in r2[0]
+    assert re.search(r"\d{4}-\d{2}-\d{2} \d{2}:\d{2}", r2[0])
+    failures = _in_tmux([*env_free, "failures"], tmp_path / "b")
+    assert max(len(line) for line in failures) <= 120
+    assert "too wide for 120 columns: one record at a time (--format csv or json for a sheet)" in " ".join(failures)
+    reason = [line for line in failures if "failure reason" in line and "ValidationFailed" in line]
+    assert reason and "k_anonymity" in reason[0]  # whole words, not a column of letters

@@ -1,6 +1,7 @@
 """Ingest and classify: the source is fingerprinted, and bad shapes are refused naming the column."""
 
 import hashlib
+import hmac
 
 import pandas as pd
 import pytest
@@ -19,10 +20,15 @@ def write(tmp_path, text: str | bytes, name="data.csv"):
     return path
 
 
-def test_reads_the_sample_and_hashes_its_bytes():
+def test_reads_the_sample_and_fingerprints_its_bytes_with_the_installation_key(tmp_path, monkeypatch):
+    monkeypatch.delenv("KEPSILON_FINGERPRINT_KEY", raising=False)
+    monkeypatch.setenv("KEPSILON_FINGERPRINT_KEY_FILE", str(tmp_path / "private" / "fingerprint.key"))
     table = read_source(SourceSpec(path=str(SYNTHETIC / "people.csv"), delimiter=";"))
     assert table.rows == 32440 and len(table.frame) == 32440
-    assert table.sha256 == hashlib.sha256((SYNTHETIC / "people.csv").read_bytes()).hexdigest()
+    raw = (SYNTHETIC / "people.csv").read_bytes()
+    key = bytes.fromhex((tmp_path / "private" / "fingerprint.key").read_text())
+    assert table.sha256 == hmac.new(key, raw, hashlib.sha256).hexdigest()  # keyed: HMAC-SHA256 of the bytes
+    assert table.sha256 != hashlib.sha256(raw).hexdigest()  # never the plain hash, a guessing oracle
     assert list(table.frame.columns)[:4] == ["ID", "NAME", "SURNAME", "EMAIL"]
 
 

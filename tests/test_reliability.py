@@ -130,3 +130,14 @@ def test_noise_fits_laplace_lies_on_its_grid_and_a_wrong_scale_is_caught():
     results = Results()
     noise_scenario(results, samples=5000)
     assert_all_pass(results, "noise", minimum=6 * 5)
+
+
+# --- A store only its owner reads (issue 21.3; reliability/private_store.py) ------------------------------
+
+
+def test_private_files_are_owner_only_a_store_copy_is_no_oracle_and_a_shared_folder_is_refused(server, base, sample):
+    from reliability.private_store import CATEGORY, private_store_scenario
+
+    results = Results()
+    private_store_scenario(results, server, base / "private-store", sample)
+    assert_all_pass(results, CATEGORY, minimum=4)
