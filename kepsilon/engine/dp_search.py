@@ -27,7 +27,8 @@ from dataclasses import dataclass, field
 
 import numpy as np
 
-from .dp import _check_k, bernoulli_sample, exponential_mechanism, granularity_score, safe_k_anonymise
+from .dp import _check_k, bernoulli_sample, exponential_mechanism, safe_k_anonymise
+from .dp_quality import QualityModel, expected_publication_sensitivity, expected_published_table
 
 _KEY_LIMIT = 2**62  # mixed-radix keys stay inside int64
 
@@ -125,11 +126,6 @@ def precision_loss(node, heights) -> float:
     return float(np.mean(losses)) if losses else 0.0
 
 
-def node_score(table: CodedTable, node, threshold: int) -> float:
-    """Granularity of ``node`` on ``table``: (1 − loss) × records in groups of at least ``threshold``."""
-    return granularity_score(table.group_sizes(node), threshold, precision_loss(node, table.heights))
-
-
 def top_node(heights) -> tuple[int, ...]:
     """The most general node: every column at its last level."""
     return tuple(height - 1 for height in heights)
@@ -152,46 +148,122 @@ def specialisations(node) -> list[tuple[int, ...]]:
 
 @dataclass(frozen=True)
 class SearchResult:
-    """The node the search chose, the node after every step of the walk (each a DP output), and how
-    many distinct nodes were scored."""
+    """The node the search chose, the pivots of the walk in order (each a DP output; the exhaustive
+    search's is the node alone), and how many distinct nodes were scored."""
 
     node: tuple[int, ...]
     path: tuple[tuple[int, ...], ...]
     nodes_scored: int
 
 
-def dp_search(table: CodedTable, threshold: int, epsilon: float, steps: int, rng: np.random.Generator) -> SearchResult:
-    """Choose a node with ε-differential privacy: ``steps + 1`` exponential-mechanism draws of
-    ε/(steps + 1) each (SafePub's search).
+class NodeScorer:
+    """The search's score u(D, g): the expected quality-weighted records a release at g publishes
+    (``kepsilon.engine.dp_quality``), on ``table`` (the full data, before any sampling).
 
-    From the top node, each step of the walk draws among the current node and its direct
-    specialisations; a last draw chooses the output among every node the walk visited, the top
-    included (so a walk that went too deep can still return a coarser node). Probabilities are
-    ∝ exp((ε/(steps + 1)) · score / threshold), the monotone form (module docstring). The scores are
-    computed on ``table`` (the full data, before any sampling) and cached per node.
+    ``sensitivity`` is public: it depends on k, β and the quality model's largest weight only.
     """
-    _check_k(threshold)
-    if isinstance(steps, bool) or not isinstance(steps, (int, np.integer)) or steps < 1:
-        raise ValueError("steps must be an integer of at least 1")
-    scored: dict[tuple[int, ...], float] = {}
-    each = epsilon / (steps + 1)
 
-    def draw(candidates: list[tuple[int, ...]]) -> tuple[int, ...]:
-        for candidate in candidates:
-            if candidate not in scored:
-                scored[candidate] = node_score(table, candidate, threshold)
-        scores = np.array([scored[candidate] for candidate in candidates])
-        return candidates[exponential_mechanism(scores, each, float(threshold), rng, monotone=True)]
+    def __init__(self, table: CodedTable, quality: QualityModel, k: int, beta: float):
+        _check_k(k)
+        self.table = table
+        self.quality = quality
+        records = int(table.rows if table.weights is None else table.weights.sum())
+        self.expected = expected_published_table(records, k, beta)
+        self.sensitivity = expected_publication_sensitivity(k, beta) * quality.largest_weight
+        self.scored: dict[tuple[int, ...], float] = {}
 
-    node = top_node(table.heights)
-    visited = [node]
-    path = []
-    for _ in range(steps):
-        node = draw([node, *specialisations(node)])
-        path.append(node)
-        if node not in visited:
-            visited.append(node)
-    return SearchResult(node=draw(visited), path=tuple(path), nodes_scored=len(scored))
+    def score(self, node) -> float:
+        """u(D, node), cached (the walk asks for a node more than once)."""
+        node = self.table.check_node(node)
+        if node not in self.scored:
+            rows, sizes = _groups_of(self.table, node)
+            codes = [self.table.levels[c][level][rows] for c, level in enumerate(node)]
+            self.scored[node] = float((self.expected[sizes] * self.quality.group_weights(node, codes)).sum())
+        return self.scored[node]
+
+    def score_lattice(self) -> tuple[list[tuple[int, ...]], np.ndarray]:
+        """Every node of the lattice (``all_nodes``' order) and its score, each node's groups rolled up
+        from those of one direct specialisation instead of from the whole table (``lattice_groups``)."""
+        columns = max(len(self.quality.losses), 1)
+        scores = {
+            node: float((self.expected[sizes] * self.quality.weight(losses / columns)).sum())
+            for node, sizes, losses in lattice_groups(self.table, self.quality)
+        }
+        self.scored.update(scores)
+        nodes = all_nodes(self.table.heights)
+        return nodes, np.array([scores[node] for node in nodes])
+
+
+def _groups_of(table: CodedTable, node) -> tuple[np.ndarray, np.ndarray]:
+    """(a representative row, records) of every group at ``node``, from every row of ``table``."""
+    ids = table.group_ids(node)
+    rows = np.unique(ids, return_index=True)[1]
+    weights = table.weights
+    sizes = np.bincount(ids) if weights is None else np.bincount(ids, weights=weights).astype(np.int64)
+    return rows, sizes
+
+
+@dataclass(frozen=True)
+class _Groups:
+    """A node's groups: a representative row of each, its records, its key, its labels' summed loss."""
+
+    rows: np.ndarray
+    sizes: np.ndarray
+    keys: np.ndarray
+    losses: np.ndarray
+
+
+def lattice_groups(table: CodedTable, quality: QualityModel):
+    """Yield (node, records per group, summed label loss per group) for every node of the lattice,
+    from the bottom up, layer by layer (a layer: the nodes with the same sum of levels).
+
+    A node's groups are unions of the groups of any direct specialisation, so they are found by
+    re-keying that specialisation's groups (one row each; the one with the fewest groups) rather
+    than every row of the table: the key is mixed-radix over every column's codes, and raising one
+    column one level changes that column's term only, as it changes that column's loss only.
+    """
+    heights = table.heights
+    losses = quality.losses or tuple(tuple(np.zeros(int(level.max()) + 1) for level in column) for column in table.levels)
+    radices = [max(int(level.max()) + 1 for level in column) for column in table.levels]
+    fixed = combine_codes(list(table.fixed)) if table.fixed else np.zeros(table.rows, dtype=np.int64)
+    strides, stride = [], int(fixed.max()) + 1
+    for radix in radices:
+        strides.append(stride)
+        stride *= radix
+    if stride >= _KEY_LIMIT:  # too many labels for one int64 key: group node by node
+        for node in all_nodes(heights):
+            rows, sizes = _groups_of(table, node)
+            yield node, sizes, sum(losses[c][level][table.levels[c][level][rows]] for c, level in enumerate(node))
+        return
+    sizes = np.ones(table.rows, dtype=np.int64) if table.weights is None else table.weights.astype(np.int64)
+    bottom = tuple(0 for _ in heights)
+    key = fixed.astype(np.int64) + sum(table.levels[c][0].astype(np.int64) * strides[c] for c in range(len(heights)))
+    loss = sum(losses[c][0][table.levels[c][0]] for c in range(len(heights)))
+    previous = {bottom: _regroup(np.arange(table.rows), sizes, key, loss)}
+    yield bottom, previous[bottom].sizes, previous[bottom].losses
+    layers: dict[int, list[tuple[int, ...]]] = {}
+    for node in all_nodes(heights):
+        layers.setdefault(sum(node), []).append(node)
+    for layer in range(1, lattice_height(heights) + 1):
+        current = {}
+        for node in layers[layer]:
+            child, column = min(
+                ((node[:c] + (level - 1,) + node[c + 1 :], c) for c, level in enumerate(node) if level > 0),
+                key=lambda pair: len(previous[pair[0]].rows),
+            )
+            groups, level = previous[child], node[column]
+            raised, lower = table.levels[column][level][groups.rows], table.levels[column][level - 1][groups.rows]
+            key = groups.keys + (raised - lower).astype(np.int64) * strides[column]
+            loss = groups.losses + losses[column][level][raised] - losses[column][level - 1][lower]
+            current[node] = _regroup(groups.rows, groups.sizes, key, loss)
+            yield node, current[node].sizes, current[node].losses
+        previous = current
+
+
+def _regroup(rows: np.ndarray, sizes: np.ndarray, keys: np.ndarray, losses: np.ndarray) -> _Groups:
+    """Merge the groups that share a key (and so every label, and so the loss)."""
+    unique, first, inverse = np.unique(keys, return_index=True, return_inverse=True)
+    return _Groups(rows[first], np.bincount(inverse.reshape(-1), weights=sizes).astype(np.int64), unique, losses[first])
 
 
 def all_nodes(heights) -> list[tuple[int, ...]]:
@@ -199,14 +271,55 @@ def all_nodes(heights) -> list[tuple[int, ...]]:
     return list(itertools.product(*(range(height) for height in heights)))
 
 
-def dp_exhaustive_search(table: CodedTable, threshold: int, epsilon: float, rng: np.random.Generator) -> SearchResult:
+def dp_exhaustive_search(scorer: NodeScorer, epsilon: float, rng: np.random.Generator) -> SearchResult:
     """Choose a node with ε-differential privacy in one exponential-mechanism draw over the whole
-    lattice (all of ε on one draw; cost: one grouping per node)."""
-    _check_k(threshold)
-    nodes = all_nodes(table.heights)
-    scores = np.array([node_score(table, node, threshold) for node in nodes])
-    node = nodes[exponential_mechanism(scores, epsilon, float(threshold), rng, monotone=True)]
+    lattice, probabilities ∝ exp(ε·u/Δ) (a monotone score: no factor 2)."""
+    nodes, scores = scorer.score_lattice()
+    node = nodes[exponential_mechanism(scores, epsilon, scorer.sensitivity, rng, monotone=True)]
     return SearchResult(node=node, path=(node,), nodes_scored=len(nodes))
+
+
+def walk_budget(epsilon: float, steps: int) -> tuple[float, float]:
+    """(ε of each step, ε of the final draw): half of ε over the steps, half on the final draw."""
+    return epsilon / (2 * steps), epsilon / 2
+
+
+def dp_search(scorer: NodeScorer, epsilon: float, steps: int, rng: np.random.Generator) -> SearchResult:
+    """Choose a node with ε-differential privacy by a walk that keeps every node it has seen.
+
+    From the top node (the first pivot), each of ``steps`` draws chooses the next pivot among every
+    node seen so far that is not a pivot yet (the direct specialisations of all pivots: SafePub's
+    candidate set), with ε/(2·steps) each; a last draw, with ε/2, chooses the output among all the
+    pivots. Each draw is an exponential mechanism over a candidate set that depends only on earlier
+    draws' outputs, so the walk, path and output together, is ε-DP by adaptive sequential
+    composition. A step with no candidate left (the whole lattice visited) draws nothing.
+    """
+    if isinstance(steps, bool) or not isinstance(steps, (int, np.integer)) or steps < 1:
+        raise ValueError("steps must be an integer of at least 1")
+    each, final = walk_budget(epsilon, steps)
+
+    pivot = top_node(scorer.table.heights)
+    pivots, seen = [pivot], {pivot}
+    # The candidates, in an order that depends only on earlier outputs (a removed one's place is
+    # taken by the last), with their scores alongside for the draws.
+    candidates: list[tuple[int, ...]] = []
+    scores = np.empty(lattice_size(scorer.table.heights))
+    for _ in range(steps):
+        for node in specialisations(pivot):
+            if node not in seen:
+                seen.add(node)
+                scores[len(candidates)] = scorer.score(node)
+                candidates.append(node)
+        if not candidates:
+            break
+        chosen = exponential_mechanism(scores[: len(candidates)], each, scorer.sensitivity, rng, monotone=True)
+        pivot = candidates[chosen]
+        candidates[chosen], scores[chosen] = candidates[-1], scores[len(candidates) - 1]
+        candidates.pop()
+        pivots.append(pivot)
+    pivot_scores = np.array([scorer.score(node) for node in pivots])
+    node = pivots[exponential_mechanism(pivot_scores, final, scorer.sensitivity, rng, monotone=True)]
+    return SearchResult(node=node, path=tuple(pivots[1:]), nodes_scored=len(scorer.scored))
 
 
 def sample_and_anonymise(table: CodedTable, node, k: int, beta: float, rng: np.random.Generator) -> tuple[np.ndarray, np.ndarray]:
