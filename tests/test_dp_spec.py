@@ -125,7 +125,15 @@ def test_the_plan_refuses_before_any_epsilon_what_the_hierarchies_forbid(adult):
     searched = parse_spec(with_dp(node=None, search={"epsilon": 0.1}))
     assert plan(table.frame, searched).report()["lattice_nodes"] == 2 * 2 * 3 * 4 * 5
     walk = plan(table.frame, parse_spec(with_dp(node=None, search={"epsilon": 0.1, "strategy": "walk"})))
-    assert walk.steps == (1 + 1 + 2 + 3 + 4) // 2  # half the lattice's height
+    assert walk.steps == 1 + 1 + 2 + 3 + 4  # the lattice's height
+    assert walk.report()["search_quality"] == "balanced"  # the default quality model
+    # A walk cannot take more steps than the lattice has nodes besides the top: refused before ε.
+    too_long = with_dp(node=None, search={"epsilon": 0.1, "strategy": "walk", "steps": 2 * 2 * 3 * 4 * 5})
+    with pytest.raises(SpecError, match=r"'dp.search.steps': the walk can take at most 239 steps") as refused:
+        plan(table.frame, parse_spec(too_long))
+    assert refused.value.parameter == "dp.search.steps"
+    longest = with_dp(node=None, search={"epsilon": 0.1, "strategy": "walk", "steps": 239, "quality": "precision"})
+    assert plan(table.frame, parse_spec(longest)).quality.name == "precision"
     sensitive = dp_dict(dp={**dp_dict()["dp"], "sensitive_levels": {"salary-class": 1}})
     sensitive["roles"]["sensitive"] = [{"column": "salary-class", "hierarchy": str(ADULT / "adult_hierarchy_salary-class.csv")}]
     frame = adult.copy()
