@@ -9,16 +9,14 @@ its labels at the node plus its fixed columns, and records sharing every release
 group. The codes are the only input: this module knows neither hierarchies nor data frames, so the
 same functions serve a release, a benchmark and a test.
 
-Two searches. ``dp_exhaustive_search`` draws the node once among every node of the lattice, with all of
-ε_search. ``dp_search`` (after SafePub) walks the lattice from its top: at every step the
-exponential mechanism chooses among staying where it is and each direct specialisation (one column
-one level lower), and a last draw chooses the output among the nodes visited; each of the
-``steps + 1`` draws spends ``ε_search / (steps + 1)`` and uses the granularity score
-(``kepsilon.engine.dp.granularity_score``). The score counts the records in groups of at least
-``threshold`` records; adding a record raises it by at most ``threshold`` and lowers none, so the
-mechanism runs with sensitivity ``threshold`` in its monotone form. Each draw is DP whatever the
-draws before chose (its candidates depend only on their outputs), so the search is ε_search-DP by
-sequential composition.
+Two searches, both scoring a node by the quality a release there publishes in expectation over the
+sampling (``NodeScorer``, ``kepsilon.engine.dp_quality``: a monotone score of public sensitivity Δ, so
+the exponential mechanism runs as ∝ exp(ε·u/Δ)). ``dp_exhaustive_search`` draws the node once among
+every node of the lattice, with all of ε_search, every node's groups rolled up from a finer node's
+(``lattice_groups``). ``dp_search`` (after SafePub) walks the lattice from its top: each of ``steps``
+draws (ε_search/(2·steps) each) chooses the next pivot among every node seen so far, and a last draw
+(ε_search/2) chooses the output among the pivots. Each draw's candidates depend only on earlier
+draws' outputs, so the search is ε_search-DP by adaptive sequential composition.
 """
 
 import itertools
@@ -26,6 +24,7 @@ import math
 from dataclasses import dataclass, field
 
 import numpy as np
+import pandas as pd
 
 from .dp import _check_k, bernoulli_sample, exponential_mechanism, safe_k_anonymise
 from .dp_quality import QualityModel, expected_publication_sensitivity, expected_published_table
@@ -261,9 +260,12 @@ def lattice_groups(table: CodedTable, quality: QualityModel):
 
 
 def _regroup(rows: np.ndarray, sizes: np.ndarray, keys: np.ndarray, losses: np.ndarray) -> _Groups:
-    """Merge the groups that share a key (and so every label, and so the loss)."""
-    unique, first, inverse = np.unique(keys, return_index=True, return_inverse=True)
-    return _Groups(rows[first], np.bincount(inverse.reshape(-1), weights=sizes).astype(np.int64), unique, losses[first])
+    """Merge the groups that share a key (and so every label, and so the loss). Hashing (pandas'
+    factorize) rather than sorting: this runs once per node of the lattice."""
+    codes, unique = pd.factorize(keys)
+    first = np.empty(len(unique), dtype=np.int64)
+    first[codes[::-1]] = np.arange(len(codes) - 1, -1, -1)  # the last write per group is its first row
+    return _Groups(rows[first], np.bincount(codes, weights=sizes).astype(np.int64), np.asarray(unique), losses[first])
 
 
 def all_nodes(heights) -> list[tuple[int, ...]]:
