@@ -182,12 +182,12 @@ class NodeScorer:
 
     def score_lattice(self) -> tuple[list[tuple[int, ...]], np.ndarray]:
         """Every node of the lattice (``all_nodes``' order) and its score, each node's groups rolled up
-        from those of one direct specialisation instead of from the whole table (``lattice_groups``)."""
+        from those of one direct specialisation instead of from the whole table (``lattice_layers``)."""
         columns = max(len(self.quality.losses), 1)
-        scores = {
-            node: float((self.expected[sizes] * self.quality.weight(losses / columns)).sum())
-            for node, sizes, losses in lattice_groups(self.table, self.quality)
-        }
+        scores: dict[tuple[int, ...], float] = {}
+        for nodes, layer in lattice_layers(self.table, self.quality):
+            values = self.expected[layer.sizes] * self.quality.weight(layer.losses / columns)
+            scores.update(zip(nodes, np.bincount(layer.node, weights=values, minlength=len(nodes)).tolist()))
         self.scored.update(scores)
         nodes = all_nodes(self.table.heights)
         return nodes, np.array([scores[node] for node in nodes])
@@ -203,69 +203,114 @@ def _groups_of(table: CodedTable, node) -> tuple[np.ndarray, np.ndarray]:
 
 
 @dataclass(frozen=True)
-class _Groups:
-    """A node's groups: a representative row of each, its records, its key, its labels' summed loss."""
+class _Layer:
+    """The groups of every node of one layer, node after node: for each group its node (the index in
+    the layer's node list), a representative row, its records, its key and its labels' summed loss."""
 
+    node: np.ndarray
     rows: np.ndarray
     sizes: np.ndarray
     keys: np.ndarray
     losses: np.ndarray
 
+    def segments(self, count: int) -> tuple[np.ndarray, np.ndarray]:
+        """(first group, number of groups) of each of the layer's ``count`` nodes."""
+        lengths = np.bincount(self.node, minlength=count)
+        return np.concatenate([[0], np.cumsum(lengths)[:-1]]), lengths
 
-def lattice_groups(table: CodedTable, quality: QualityModel):
-    """Yield (node, records per group, summed label loss per group) for every node of the lattice,
-    from the bottom up, layer by layer (a layer: the nodes with the same sum of levels).
+
+def lattice_layers(table: CodedTable, quality: QualityModel):
+    """Yield (the layer's nodes, their groups as a ``_Layer``) for every layer of the lattice (the
+    nodes with the same sum of levels), from the bottom up.
 
     A node's groups are unions of the groups of any direct specialisation, so they are found by
     re-keying that specialisation's groups (one row each; the one with the fewest groups) rather
-    than every row of the table: the key is mixed-radix over every column's codes, and raising one
-    column one level changes that column's term only, as it changes that column's loss only.
+    than every row of the table. The key is mixed-radix over every column's codes, and raising one
+    column one level changes that column's term only, as it changes that column's loss only. A whole
+    layer is merged at once, each key offset by its node's index, so the work is a few array
+    operations per layer rather than per node. Too many labels for an int64 key: node by node.
     """
     heights = table.heights
     losses = quality.losses or tuple(tuple(np.zeros(int(level.max()) + 1) for level in column) for column in table.levels)
     radices = [max(int(level.max()) + 1 for level in column) for column in table.levels]
     fixed = combine_codes(list(table.fixed)) if table.fixed else np.zeros(table.rows, dtype=np.int64)
-    strides, stride = [], int(fixed.max()) + 1
+    strides, space = [], int(fixed.max()) + 1
     for radix in radices:
-        strides.append(stride)
-        stride *= radix
-    if stride >= _KEY_LIMIT:  # too many labels for one int64 key: group node by node
-        for node in all_nodes(heights):
-            rows, sizes = _groups_of(table, node)
-            yield node, sizes, sum(losses[c][level][table.levels[c][level][rows]] for c, level in enumerate(node))
-        return
-    sizes = np.ones(table.rows, dtype=np.int64) if table.weights is None else table.weights.astype(np.int64)
-    bottom = tuple(0 for _ in heights)
-    key = fixed.astype(np.int64) + sum(table.levels[c][0].astype(np.int64) * strides[c] for c in range(len(heights)))
-    loss = sum(losses[c][0][table.levels[c][0]] for c in range(len(heights)))
-    previous = {bottom: _regroup(np.arange(table.rows), sizes, key, loss)}
-    yield bottom, previous[bottom].sizes, previous[bottom].losses
+        strides.append(space)
+        space *= radix
     layers: dict[int, list[tuple[int, ...]]] = {}
     for node in all_nodes(heights):
         layers.setdefault(sum(node), []).append(node)
-    for layer in range(1, lattice_height(heights) + 1):
-        current = {}
-        for node in layers[layer]:
-            child, column = min(
-                ((node[:c] + (level - 1,) + node[c + 1 :], c) for c, level in enumerate(node) if level > 0),
-                key=lambda pair: len(previous[pair[0]].rows),
-            )
-            groups, level = previous[child], node[column]
-            raised, lower = table.levels[column][level][groups.rows], table.levels[column][level - 1][groups.rows]
-            key = groups.keys + (raised - lower).astype(np.int64) * strides[column]
-            loss = groups.losses + losses[column][level][raised] - losses[column][level - 1][lower]
-            current[node] = _regroup(groups.rows, groups.sizes, key, loss)
-            yield node, current[node].sizes, current[node].losses
-        previous = current
+    if space * max(len(nodes) for nodes in layers.values()) >= _KEY_LIMIT:
+        for node in all_nodes(heights):
+            rows, sizes = _groups_of(table, node)
+            loss = sum(losses[c][level][table.levels[c][level][rows]] for c, level in enumerate(node))
+            yield [node], _Layer(np.zeros(len(rows), dtype=np.int64), rows, sizes, np.zeros(len(rows), dtype=np.int64), loss)
+        return
+    # Every (column, level)'s codes as one table, and its labels' losses as one flat array.
+    pairs = {(c, level): i for i, (c, level) in enumerate((c, level) for c, h in enumerate(heights) for level in range(h))}
+    codes = np.stack([table.levels[c][level] for c, level in pairs]).astype(np.int64)
+    loss_start = np.concatenate([[0], np.cumsum([len(losses[c][level]) for c, level in pairs])[:-1]])
+    flat_losses = np.concatenate([losses[c][level] for c, level in pairs])
+    sizes = np.ones(table.rows, dtype=np.int64) if table.weights is None else table.weights.astype(np.int64)
+    bottom = [tuple(0 for _ in heights)]
+    keys = fixed.astype(np.int64) + sum(codes[pairs[c, 0]] * strides[c] for c in range(len(heights)))
+    loss = sum(flat_losses[loss_start[pairs[c, 0]] + codes[pairs[c, 0]]] for c in range(len(heights)))
+    previous = _merge(np.zeros(table.rows, dtype=np.int64), np.arange(table.rows), sizes, keys, loss, space)
+    previous_nodes = bottom
+    yield bottom, previous
+    for height in range(1, lattice_height(heights) + 1):
+        nodes = layers[height]
+        index = {node: i for i, node in enumerate(previous_nodes)}
+        starts, lengths = previous.segments(len(previous_nodes))
+        child, column = np.array(
+            [min(((index[node[:c] + (level - 1,) + node[c + 1 :]], c) for c, level in enumerate(node) if level > 0),
+                 key=lambda pair: lengths[pair[0]]) for node in nodes]
+        ).T
+        level = np.array([node[c] for node, c in zip(nodes, column)])
+        counts = lengths[child]
+        # The child's groups, node after node, and per group the node and the column it raises.
+        offsets = np.repeat(starts[child] - np.concatenate([[0], np.cumsum(counts)[:-1]]), counts)
+        take = offsets + np.arange(counts.sum())
+        node_of = np.repeat(np.arange(len(nodes)), counts)
+        raised_pair = np.repeat([pairs[c, l] for c, l in zip(column, level)], counts)
+        lower_pair = np.repeat([pairs[c, l - 1] for c, l in zip(column, level)], counts)
+        rows = previous.rows[take]
+        raised, lower = codes[raised_pair, rows], codes[lower_pair, rows]
+        keys = previous.keys[take] + (raised - lower) * np.repeat(np.array(strides)[column], counts)
+        loss = (previous.losses[take] + flat_losses[loss_start[raised_pair] + raised]
+                - flat_losses[loss_start[lower_pair] + lower])
+        previous = _merge(node_of, rows, previous.sizes[take], keys, loss, space)
+        previous_nodes = nodes
+        yield nodes, previous
 
 
-def _regroup(rows: np.ndarray, sizes: np.ndarray, keys: np.ndarray, losses: np.ndarray) -> _Groups:
-    """Merge the groups that share a key (and so every label, and so the loss). Hashing (pandas'
-    factorize) rather than sorting: this runs once per node of the lattice."""
-    codes, unique = pd.factorize(keys)
-    first = np.empty(len(unique), dtype=np.int64)
+_MERGE_CHUNK = 1 << 15  # keys hashed per call: a hash table this size stays in cache
+
+
+def _merge(node: np.ndarray, rows: np.ndarray, sizes: np.ndarray, keys: np.ndarray, losses: np.ndarray, space: int) -> _Layer:
+    """Merge the groups of the same node that share a key (and so every label, and so the loss).
+
+    Hashing (pandas' factorize), a chunk of whole nodes at a time: one call per node costs more in
+    overhead than in work, one call per layer thrashes the cache. Groups come out in order of first
+    appearance, so node after node, as they went in.
+    """
+    tagged = keys + node * space
+    boundaries = np.flatnonzero(np.diff(node)) + 1  # where a node's groups start
+    cuts, start = [], 0
+    for boundary in boundaries:
+        if boundary - start >= _MERGE_CHUNK:
+            cuts.append(int(boundary))
+            start = boundary
+    codes, offset = np.empty(len(tagged), dtype=np.int64), 0
+    for lo, hi in zip([0, *cuts], [*cuts, len(tagged)]):
+        chunk, _ = pd.factorize(tagged[lo:hi])
+        codes[lo:hi] = chunk + offset
+        offset += int(chunk.max()) + 1 if hi > lo else 0
+    first = np.empty(offset, dtype=np.int64)
     first[codes[::-1]] = np.arange(len(codes) - 1, -1, -1)  # the last write per group is its first row
-    return _Groups(rows[first], np.bincount(codes, weights=sizes).astype(np.int64), np.asarray(unique), losses[first])
+    return _Layer(node[first], rows[first], np.bincount(codes, weights=sizes, minlength=offset).astype(np.int64),
+                  keys[first], losses[first])
 
 
 def all_nodes(heights) -> list[tuple[int, ...]]:
