@@ -13,7 +13,7 @@ Two searches, both scoring a node by the quality a release there publishes in ex
 sampling (``NodeScorer``, ``kepsilon.engine.dp_quality``: a monotone score of public sensitivity Δ, so
 the exponential mechanism runs as ∝ exp(ε·u/Δ)). ``dp_exhaustive_search`` draws the node once among
 every node of the lattice, with all of ε_search, every node's groups rolled up from a finer node's
-(``lattice_groups``). ``dp_search`` (after SafePub) walks the lattice from its top: each of ``steps``
+(``lattice_layers``). ``dp_search`` (after SafePub) walks the lattice from its top: each of ``steps``
 draws (ε_search/(2·steps) each) chooses the next pivot among every node seen so far, and a last draw
 (ε_search/2) chooses the output among the pivots. Each draw's candidates depend only on earlier
 draws' outputs, so the search is ε_search-DP by adaptive sequential composition.
