@@ -180,3 +180,22 @@ def test_the_noise_advisor_refuses_a_dp_spec_by_name(tmp_path):
     assert not (tmp_path / "a.db").exists()  # refused before the read is recorded
     with pytest.raises(SpecError, match="privacy_model"):
         AdviceRequest(spec=parse_spec(dp_dict()))
+
+
+def test_the_quality_model_takes_its_losses_from_the_public_hierarchies_only(adult):
+    """Under granularity a hierarchy file's labels lose their share of its leaves; a hierarchy built from
+    the data (its leaves are the data's distinct values) falls back to the level's precision."""
+    built = dp_dict(dp={"max_delta": 0.002, "search": {"epsilon": 0.1, "quality": "granularity"}})
+    built["roles"]["e_quasi"] = [{"column": "age", "hierarchy": {"kind": "intervals", "lower": 0, "upper": 100,
+                                                                 "widths": [10, 20]}}]
+    spec = parse_spec(built)
+    dp_plan = plan(classify(adult, spec).frame, spec)
+    losses = dict(zip(dp_plan.columns, dp_plan.quality.losses))
+    race = pd.read_csv(ADULT / "adult_hierarchy_race.csv", sep=";", header=None, dtype=str)
+    level_one = race[1].value_counts() / len(race)  # share of the leaves under each label at level 1
+    codes = dp_plan.hierarchies["race"].label_codes[1]
+    assert losses["race"][1][codes] == pytest.approx(level_one[race[1]].to_numpy())
+    assert [set(level.tolist()) for level in losses["age"]] == [{0.0}, {1 / 3}, {2 / 3}, {1.0}]
+    records = parse_spec({**built, "dp": {**built["dp"], "search": {"epsilon": 0.1, "quality": "records"}}})
+    assert all((level == 0).all() for column in plan(classify(adult, records).frame, records).quality.losses
+               for level in column)
