@@ -49,7 +49,7 @@ bench-scale: install
 disclosure-cost: install
 	$(BIN)/python -m benchmarks.disclosure_cost
 
-## dp-adult: the DP mode on UCI Adult at ε = 1, δ ≤ 1e-6, DP search against the best fixed node (markdown table)
+## dp-adult: the DP mode on UCI Adult at ε = 1, δ ≤ 1e-6: each quality model and the walk, ARX Granularity, the walk's budget swept (markdown tables, benchmarks/dp-adult.json)
 dp-adult: install
 	$(BIN)/python -m benchmarks.dp_adult
 

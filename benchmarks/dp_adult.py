@@ -1,106 +1,151 @@
-"""The DP mode on UCI Adult at ε = 1, δ ≤ 1e-6: the DP search against the best fixed node.
+"""The DP mode on UCI Adult at ε = 1, δ ≤ 1e-6: the DP search's strategies and quality models.
 
 ``make dp-adult`` (or ``python -m benchmarks.dp_adult``) runs the stages a ``privacy_model: dp`` release
-runs (classify, plan, then sample, search and safe-k-anonymise: ``kepsilon.tasks.dp_release``, the
+runs (classify, plan, then search, sample and safe-k-anonymise: ``kepsilon.engine.dp_release``, the
 functions its Prefect tasks call) on ``releases/adult-dp.yaml``: eight generalised columns (a lattice of
-6,480 nodes) and salary-class as read, over ``RUNS`` fixed benchmark seeds (never do that for a release).
-It prints one markdown table, each figure the mean over the seeds (the spread in brackets):
+6,480 nodes) and salary-class as read, ε_search = 0.1, ε_anon = 0.9, β = 1 − e^(−0.9), k = 73 (the
+smallest k with δ ≤ 1e-6 there), over ``RUNS`` fixed benchmark seeds (never do that for a release).
 
-- **DP search, exhaustive** (the spec as shipped): ε_search = 0.1 on one draw over the whole lattice,
-  ε_anon = 0.9, β = 1 − e^(−0.9), k = 73 (the smallest k with δ ≤ 1e-6 there);
-- **DP search, walk** (SafePub's walk, default steps) at the same parameters;
-- **best fixed node**: all of ε = 1 for the anonymisation (β = 1 − e^(−1), k = 74, the smallest k with
-  δ ≤ 1e-6 there) at the node with the best granularity on that seed's sample, found by trying all
-  6,480 nodes. Choosing the node by looking at the data is *not* differentially private: this is the
-  utility a fixed node could reach at best, for comparison only.
+Per strategy (the exhaustive search with each quality model, the walk at its default steps and at
+SafePub's 111) it prints, each figure the mean over the seeds (the range in brackets): records
+published (of 30,162), suppressed share of the sample, ARX Granularity (below), kepsilon's own
+granularity ((1 − the node's precision loss) × published / records in), and the DP stage's seconds.
 
-Utility: records published (of 30,162), records suppressed as a share of the sample (groups of fewer than
-k sampled records), the node's precision loss (mean over columns of level/(height − 1); 0 = as read,
-1 = all ``*``) and granularity = (1 − loss) × published / records in (the search's score, normalised).
-Time: the DP stage (search, sampling, safe k-anonymisation, labels), seconds, on this machine.
+**ARX Granularity** is computed from the published table alone, as ARX's ``getGranularity()`` defines it:
+per generalised column, the mean over *all* input records of the label's domain share (leaves under
+the label / leaves of the hierarchy; a record not published counts 1), m = 1/leaves; then
+1 − (mean over columns of the shares − mean of m) / (1 − mean of m): 1 = as read, 0 = nothing.
+
+Then **robustness to the walk's budget**: for steps from 1 to the lattice's size − 1, the expected
+records published and expected ARX Granularity of the walk, each node's expectation computed exactly
+(the score with the ``records`` and ``granularity`` models is that expectation) and averaged over
+``SWEEP_DRAWS`` draws of the search, against the exhaustive search's, computed exactly.
+
+The table goes to ``benchmarks/dp-adult.json`` (written under a temporary name, then renamed).
 """
 
+import json
+import os
 import statistics
 import time
 from pathlib import Path
 
+import numpy as np
 import pandas as pd
 
-from kepsilon.engine.dp import smallest_k
-from kepsilon.engine.dp_search import all_nodes, precision_loss
+from kepsilon.engine.dp import exponential_mechanism_probabilities
+from kepsilon.engine.dp_release import dp_generators, mechanism, plan, quality_model
+from kepsilon.engine.dp_search import NodeScorer, dp_search, lattice_size, precision_loss
 from kepsilon.flows.spec import load_spec, parse_spec
 from kepsilon.tasks.classify import classify
-from kepsilon.engine.dp_release import dp_generators, mechanism, plan
 from kepsilon.tasks.ingest import read_source
 
-SPEC = Path(__file__).resolve().parent.parent / "releases" / "adult-dp.yaml"
+ROOT = Path(__file__).resolve().parent.parent
+SPEC = ROOT / "releases" / "adult-dp.yaml"
+JSON_OUT = Path(__file__).resolve().parent / "dp-adult.json"
 RUNS = 5
-MAX_DELTA = 1e-6
+SWEEP_DRAWS = 40
+SAFEPUB = {  # measured with ARX 3.9.2 on the same data and parameters (issue 28), five runs each
+    "ARX SafePub, Loss model (111 steps)": {"mean_published": 14134, "arx_granularity": 0.2951},
+    "ARX SafePub, Precision model (111 steps)": {"mean_published": 15018, "arx_granularity": 0.2603},
+}
 
 
 def seed(run: int) -> bytes:
     return bytes([run + 1]) * 32
 
 
-def variant(base: dict, **dp) -> object:
-    """The shipped spec with its DP parameters replaced (k: the smallest for δ ≤ 1e-6 at its ε_anon)."""
-    probe = parse_spec({**base, "dp": {"max_delta": 0.999, **dp}})  # β and ε_anon only, before k is known
-    search, anonymisation = probe.dp_epsilons()
-    k = smallest_k(MAX_DELTA, probe.dp_beta(), anonymisation)
-    return parse_spec({**base, "k": k, "dp": {"max_delta": MAX_DELTA, **dp}})
+def variant(base: dict, **search) -> object:
+    """The shipped spec with its search replaced (ε_search stays 0.1, so k and δ are unchanged)."""
+    return parse_spec({**base, "dp": {**base["dp"], "search": {**base["dp"]["search"], **search}}})
 
 
-def figures(table: pd.DataFrame, node: dict, report: dict, heights, seconds: float) -> dict:
-    loss = precision_loss(list(node.values()), heights)
-    return {
-        "published": report["rows_published"],
-        "suppressed_share": report["rows_suppressed"] / report["rows_sampled"],
-        "precision_loss": loss,
-        "granularity": (1 - loss) * report["rows_published"] / report["rows_in"],
-        "groups": int(table.groupby(list(table.columns), dropna=False).ngroups),
-        "seconds": seconds,
-        "node": node,
-    }
+def arx_granularity(table: pd.DataFrame, dp_plan, node: dict, records_in: int) -> float:
+    """ARX's Granularity of a published table (module docstring), from its labels and the hierarchies."""
+    shares, floors = [], []
+    for column, level in node.items():
+        hierarchy = dp_plan.hierarchies[column]
+        leaves = len(hierarchy.leaves)
+        share_of = pd.Series(hierarchy.labels[level]).value_counts() / leaves
+        published = table[column].map(share_of).to_numpy(dtype=float)
+        assert not np.isnan(published).any(), f"{column}: a published label is not in its hierarchy"
+        shares.append((published.sum() + (records_in - len(table))) / records_in)
+        floors.append(1 / leaves)
+    return 1 - (np.mean(shares) - np.mean(floors)) / (1 - np.mean(floors))
 
 
 def run_release(frame: pd.DataFrame, spec, run: int) -> dict:
-    """One DP stage as the release runs it, timed."""
+    """One DP stage as the release runs it, timed, and its measures."""
     dp_plan = plan(frame, spec)
     started = time.perf_counter()
     table, node, report = mechanism(frame, dp_plan, spec, dp_generators(seed(run)))
-    return figures(table, node, report, dp_plan.heights, time.perf_counter() - started)
+    seconds = time.perf_counter() - started
+    loss = precision_loss(list(node.values()), dp_plan.heights)
+    return {
+        "published": report["rows_published"],
+        "suppressed_share": report["rows_suppressed"] / report["rows_sampled"],
+        "arx_granularity": arx_granularity(table, dp_plan, node, len(frame)),
+        "granularity": (1 - loss) * report["rows_published"] / report["rows_in"],
+        "seconds": seconds,
+        "node": tuple(node.values()),
+    }
 
 
-def best_fixed_node(frame: pd.DataFrame, base: dict, run: int) -> dict:
-    """Non-private: the node with the best granularity on this seed's sample, then released at it."""
-    probe = variant(base, node={column: 0 for column in load_spec(SPEC).generalised_columns()})
-    dp_plan = plan(frame, probe)
-    sampling = dp_generators(seed(run))[1]
-    sampled = dp_plan.table.take(sampling.random(dp_plan.table.rows) < probe.dp_beta()).compressed()
-    best, best_granularity = None, -1.0
-    for node in all_nodes(dp_plan.heights):
-        sizes = sampled.group_sizes(node)
-        granularity = (1 - precision_loss(node, dp_plan.heights)) * sizes[sizes >= probe.k].sum()
-        if granularity > best_granularity:
-            best, best_granularity = node, granularity
-    fixed = variant(base, node=dict(zip(dp_plan.columns, best)))
-    return run_release(frame, fixed, run)
-
-
-def mean_and_spread(values: list[float]) -> str:
-    return f"{statistics.mean(values):.3f} ({min(values):.3f}–{max(values):.3f})"
-
-
-def row(name: str, spec, runs: list[dict]) -> str:
-    search, anonymisation = spec.dp_epsilons()
+def summary(runs: list[dict]) -> dict:
     published = [r["published"] for r in runs]
-    return (
-        f"| {name} | {search:g} + {anonymisation:g} | {spec.dp_beta():.3f} | {spec.k} | {spec.dp_delta():.2e} "
-        f"| {statistics.mean(published):,.0f} ({min(published):,}–{max(published):,}) "
-        f"| {mean_and_spread([100 * r['suppressed_share'] for r in runs])} % "
-        f"| {mean_and_spread([r['precision_loss'] for r in runs])} | {mean_and_spread([r['granularity'] for r in runs])} "
-        f"| {statistics.mean(r['groups'] for r in runs):.0f} | {statistics.mean(r['seconds'] for r in runs):.2f} |"
-    )
+    return {
+        "mean_published": statistics.mean(published),
+        "min_published": min(published),
+        "max_published": max(published),
+        "mean_suppressed_share": statistics.mean(r["suppressed_share"] for r in runs),
+        "mean_arx_granularity": statistics.mean(r["arx_granularity"] for r in runs),
+        "min_arx_granularity": min(r["arx_granularity"] for r in runs),
+        "mean_granularity": statistics.mean(r["granularity"] for r in runs),
+        "seconds": statistics.mean(r["seconds"] for r in runs),
+        "nodes": [list(r["node"]) for r in runs],
+    }
+
+
+def expectations(frame: pd.DataFrame, spec) -> tuple[dict, np.ndarray, np.ndarray]:
+    """Per node, the exact expected records published and expected ARX Granularity of a release there."""
+    dp_plan = plan(frame, spec)
+    table = dp_plan.table.compressed()
+    by_model = {}
+    for name in ("records", "granularity"):
+        model = quality_model(variant(spec.model_dump(mode="json"), quality=name), dp_plan.columns, dp_plan.hierarchies)
+        by_model[name] = NodeScorer(table, model, spec.k, spec.dp_beta()).score_lattice()
+    nodes, published = by_model["records"]
+    floor = np.mean([1 / len(dp_plan.hierarchies[c].leaves) for c in dp_plan.columns])
+    granularity = by_model["granularity"][1] / (len(frame) * (1 - floor))
+    return {node: i for i, node in enumerate(nodes)}, published, granularity
+
+
+def budget_sweep(frame: pd.DataFrame, spec) -> dict:
+    """Expected records and ARX Granularity of the walk for steps 1 … lattice size − 1, and of the
+    exhaustive search, at the shipped quality model."""
+    index, published, granularity = expectations(frame, spec)
+    dp_plan = plan(frame, spec)
+    scorer = NodeScorer(dp_plan.table.compressed(), dp_plan.quality, spec.k, spec.dp_beta())
+    nodes, scores = scorer.score_lattice()  # cached: the sweep's walks only draw
+    epsilon_search = spec.dp_epsilons()[0]
+    probabilities = exponential_mechanism_probabilities(scores, epsilon_search, scorer.sensitivity, monotone=True)
+    exhaustive = {"expected_published": float(probabilities @ published),
+                  "expected_arx_granularity": float(probabilities @ granularity)}
+    size = lattice_size(dp_plan.heights)
+    rng = np.random.default_rng(2026)
+    walk = []
+    for steps in sorted({*(2**i for i in range(13) if 2**i < size), 17, 111, size - 1}):
+        chosen = [index[dp_search(scorer, epsilon_search, steps, rng).node] for _ in range(SWEEP_DRAWS)]
+        walk.append({"steps": steps, "expected_published": float(published[chosen].mean()),
+                     "expected_arx_granularity": float(granularity[chosen].mean()),
+                     "lowest_expected_published": float(published[chosen].min())})
+    return {"exhaustive": exhaustive, "walk": walk}
+
+
+def line(name: str, s: dict) -> str:
+    return (f"| {name} | {s['mean_published']:,.0f} ({s['min_published']:,}–{s['max_published']:,}) "
+            f"| {100 * s['mean_suppressed_share']:.1f} % | {s['mean_arx_granularity']:.4f} | {s['mean_granularity']:.4f} "
+            f"| {s['seconds']:.2f} |")
 
 
 def main() -> None:
@@ -108,25 +153,45 @@ def main() -> None:
     base = shipped.model_dump(mode="json")
     source = read_source(shipped.source)
     frame = classify(source.frame, shipped).frame
-    walk = variant(base, search={"epsilon": 0.1, "strategy": "walk"})
-    cases = [
-        ("DP search, exhaustive (releases/adult-dp.yaml)", shipped, [run_release(frame, shipped, r) for r in range(RUNS)]),
-        ("DP search, SafePub's walk", walk, [run_release(frame, walk, r) for r in range(RUNS)]),
-    ]
-    best_runs = [best_fixed_node(frame, base, r) for r in range(RUNS)]
-    best_spec = variant(base, node=best_runs[0]["node"])
-    cases.append(("best fixed node (non-private choice)", best_spec, best_runs))
+    cases = {f"exhaustive, {name}" + (" (releases/adult-dp.yaml)" if name == shipped.dp.search.quality else ""):
+             variant(base, quality=name) for name in ("balanced", "granularity", "precision", "records")}
+    height = plan(frame, shipped).report()["lattice_height"]
+    cases[f"walk, balanced, {height} steps (default)"] = variant(base, strategy="walk")
+    cases["walk, balanced, 111 steps"] = variant(base, strategy="walk", steps=111)
+    results = {name: summary([run_release(frame, spec, r) for r in range(RUNS)]) for name, spec in cases.items()}
 
-    print(f"UCI Adult, {len(frame):,} records, ε = 1, δ ≤ 1e-6; mean over {RUNS} seeds (range)\n")
-    print("| node chosen by | ε search + anon | β | k | δ | records published | suppressed (share of sample) "
-          "| precision loss | granularity | groups | DP stage (s) |")
-    print("|---|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|")
-    for name, spec, runs in cases:
-        print(row(name, spec, runs))
+    print(f"UCI Adult, {len(frame):,} records, ε = 1 (ε_search 0.1), δ ≤ 1e-6, k = {shipped.k}; "
+          f"mean over {RUNS} seeds (range)\n")
+    print("| strategy, quality model | records published | suppressed (share of sample) | ARX Granularity "
+          "| kepsilon granularity | DP stage (s) |")
+    print("|---|---:|---:|---:|---:|---:|")
+    for name, s in results.items():
+        print(line(name, s))
+    for name, s in SAFEPUB.items():
+        print(f"| {name} | {s['mean_published']:,} | | {s['arx_granularity']:.4f} | | |")
     print("\nNodes chosen (levels in the order of the spec's columns):")
-    for name, _, runs in cases:
-        counts = pd.Series([tuple(r["node"].values()) for r in runs]).value_counts()
+    for name, s in results.items():
+        counts = pd.Series([tuple(n) for n in s["nodes"]]).value_counts()
         print(f"- {name}: " + "; ".join(f"{node} ×{n}" for node, n in counts.items()))
+
+    sweep = budget_sweep(frame, shipped)
+    print(f"\nThe walk's budget (quality {shipped.dp.search.quality}; expectations exact per node, "
+          f"{SWEEP_DRAWS} draws of the search each):\n")
+    print("| steps | expected records published | lowest over the draws | expected ARX Granularity |")
+    print("|---:|---:|---:|---:|")
+    for row in sweep["walk"]:
+        print(f"| {row['steps']} | {row['expected_published']:,.0f} | {row['lowest_expected_published']:,.0f} "
+              f"| {row['expected_arx_granularity']:.4f} |")
+    exhaustive = sweep["exhaustive"]
+    print(f"| exhaustive | {exhaustive['expected_published']:,.0f} | | {exhaustive['expected_arx_granularity']:.4f} |")
+
+    document = {"records_in": len(frame), "k": shipped.k, "epsilon": shipped.epsilon, "epsilon_search": 0.1,
+                "delta": shipped.dp_delta(), "runs": RUNS, "strategies": results, "safepub": SAFEPUB,
+                "walk_budget_sweep": sweep}
+    temporary = JSON_OUT.with_suffix(".json.tmp")
+    temporary.write_text(json.dumps(document, indent=2) + "\n")
+    os.replace(temporary, JSON_OUT)
+    print(f"\nWritten: {JSON_OUT.relative_to(ROOT)}")
 
 
 if __name__ == "__main__":

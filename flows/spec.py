@@ -265,7 +265,8 @@ class Roles(FormModel):
 
 class DPSearch(FormModel):
     """The differentially private choice of the node (SafePub's idea): the exponential mechanism, on
-    the full data before sampling, scores nodes by granularity."""
+    the full data before sampling, scores nodes by the quality a release at them publishes in
+    expectation (docs/dp-mode.md)."""
 
     model_config = _STRICT
     form_title = "DP search of the node"
@@ -274,10 +275,16 @@ class DPSearch(FormModel):
     strategy: Literal["exhaustive", "walk"] = Field(
         default="exhaustive",
         description="exhaustive: one draw among every node of the lattice (up to 100,000 nodes); "
-        "walk: SafePub's walk from the top, `steps` draws among a node and its specialisations, then one among the nodes visited",
+        "walk: SafePub's walk from the top, `steps` draws among every node seen, then one among the pivots (any lattice size)",
     )
     steps: Annotated[int, Field(ge=1)] | SkipJsonSchema[None] = Field(
-        default=None, description="walk only: its steps (steps + 1 draws of ε_search/(steps + 1)); default: half the lattice's height"
+        default=None, description="walk only: its steps (each draws among every node seen, with ε_search/(2·steps); a last draw with ε_search/2 chooses among the pivots); default: the lattice's height"
+    )
+    quality: Literal["balanced", "granularity", "precision", "records"] = Field(
+        default="balanced",
+        description="what the search maximises, in expectation over the sampling: granularity (labels' share of "
+        "their hierarchy's leaves, ARX's Loss), precision (levels), records (published records only), or balanced "
+        "(a fifth records, four fifths granularity)",
     )
 
     @model_validator(mode="after")

@@ -125,7 +125,15 @@ def test_the_plan_refuses_before_any_epsilon_what_the_hierarchies_forbid(adult):
     searched = parse_spec(with_dp(node=None, search={"epsilon": 0.1}))
     assert plan(table.frame, searched).report()["lattice_nodes"] == 2 * 2 * 3 * 4 * 5
     walk = plan(table.frame, parse_spec(with_dp(node=None, search={"epsilon": 0.1, "strategy": "walk"})))
-    assert walk.steps == (1 + 1 + 2 + 3 + 4) // 2  # half the lattice's height
+    assert walk.steps == 1 + 1 + 2 + 3 + 4  # the lattice's height
+    assert walk.report()["search_quality"] == "balanced"  # the default quality model
+    # A walk cannot take more steps than the lattice has nodes besides the top: refused before ε.
+    too_long = with_dp(node=None, search={"epsilon": 0.1, "strategy": "walk", "steps": 2 * 2 * 3 * 4 * 5})
+    with pytest.raises(SpecError, match=r"'dp.search.steps': the walk can take at most 239 steps") as refused:
+        plan(table.frame, parse_spec(too_long))
+    assert refused.value.parameter == "dp.search.steps"
+    longest = with_dp(node=None, search={"epsilon": 0.1, "strategy": "walk", "steps": 239, "quality": "precision"})
+    assert plan(table.frame, parse_spec(longest)).quality.name == "precision"
     sensitive = dp_dict(dp={**dp_dict()["dp"], "sensitive_levels": {"salary-class": 1}})
     sensitive["roles"]["sensitive"] = [{"column": "salary-class", "hierarchy": str(ADULT / "adult_hierarchy_salary-class.csv")}]
     frame = adult.copy()
@@ -172,3 +180,22 @@ def test_the_noise_advisor_refuses_a_dp_spec_by_name(tmp_path):
     assert not (tmp_path / "a.db").exists()  # refused before the read is recorded
     with pytest.raises(SpecError, match="privacy_model"):
         AdviceRequest(spec=parse_spec(dp_dict()))
+
+
+def test_the_quality_model_takes_its_losses_from_the_public_hierarchies_only(adult):
+    """Under granularity a hierarchy file's labels lose their share of its leaves; a hierarchy built from
+    the data (its leaves are the data's distinct values) falls back to the level's precision."""
+    built = dp_dict(dp={"max_delta": 0.002, "search": {"epsilon": 0.1, "quality": "granularity"}})
+    built["roles"]["e_quasi"] = [{"column": "age", "hierarchy": {"kind": "intervals", "lower": 0, "upper": 100,
+                                                                 "widths": [10, 20]}}]
+    spec = parse_spec(built)
+    dp_plan = plan(classify(adult, spec).frame, spec)
+    losses = dict(zip(dp_plan.columns, dp_plan.quality.losses))
+    race = pd.read_csv(ADULT / "adult_hierarchy_race.csv", sep=";", header=None, dtype=str)
+    level_one = race[1].value_counts() / len(race)  # share of the leaves under each label at level 1
+    codes = dp_plan.hierarchies["race"].label_codes[1]
+    assert losses["race"][1][codes] == pytest.approx(level_one[race[1]].to_numpy())
+    assert [set(level.tolist()) for level in losses["age"]] == [{0.0}, {1 / 3}, {2 / 3}, {1.0}]
+    records = parse_spec({**built, "dp": {**built["dp"], "search": {"epsilon": 0.1, "quality": "records"}}})
+    assert all((level == 0).all() for column in plan(classify(adult, records).frame, records).quality.losses
+               for level in column)

@@ -17,7 +17,6 @@ from kepsilon.engine.dp import (
     exponential_mechanism,
     exponential_mechanism_probabilities,
     gamma,
-    granularity_score,
     minimum_epsilon,
     safe_k_anonymise,
     safe_k_delta,
@@ -124,16 +123,6 @@ def test_exponential_mechanism_selects_with_its_stated_probabilities():
     assert chisquare(draws, 20_000 * wrong).pvalue < 1e-6
 
 
-def test_granularity_score_changes_by_at_most_k_when_one_record_is_added():
-    k = 5
-    rng = np.random.default_rng(2)
-    for _ in range(500):
-        sizes = rng.integers(0, 12, size=8)
-        grown = sizes.copy()
-        grown[rng.integers(0, 8)] += 1
-        assert abs(granularity_score(grown, k, 0.25) - granularity_score(sizes, k, 0.25)) <= k
-
-
 def published_counts(group_size: int, beta: float, k: int, runs: int, rng) -> np.ndarray:
     """The published size of one group over many runs of sample-then-safe-k (0 when suppressed)."""
     sampled = (rng.random((runs, group_size)) < beta).sum(axis=1)
@@ -190,134 +179,3 @@ def test_the_monotone_exponential_mechanism_drops_the_factor_two():
     assert monotone == pytest.approx(np.exp(scores / 2) / np.exp(scores / 2).sum())
 
 
-# --- the DP search and the mechanism on coded tables (kepsilon.engine.dp_search) -----------------------
-
-from kepsilon.engine.dp_search import (  # noqa: E402
-    CodedTable,
-    all_nodes,
-    dp_exhaustive_search,
-    dp_search,
-    node_score,
-    sample_and_anonymise,
-    specialisations,
-    top_node,
-)
-
-
-def tiny_table(rng, rows: int) -> CodedTable:
-    """Two generalised columns (4 leaves in 3 levels, 3 leaves in 2 levels) and one fixed column."""
-    first, second = rng.integers(0, 4, rows), rng.integers(0, 3, rows)
-    return CodedTable(
-        levels=((first, first // 2, np.zeros(rows, dtype=np.int64)), (second, np.zeros(rows, dtype=np.int64))),
-        fixed=(rng.integers(0, 2, rows),),
-    )
-
-
-def with_one_more_record(table: CodedTable, rng) -> CodedTable:
-    extra = tiny_table(rng, 1)
-    return CodedTable(
-        levels=tuple(tuple(np.concatenate([a, b]) for a, b in zip(col, more)) for col, more in zip(table.levels, extra.levels)),
-        fixed=tuple(np.concatenate([a, b]) for a, b in zip(table.fixed, extra.fixed)),
-    )
-
-
-def walk_probabilities(table, threshold, epsilon, steps, sensitivity=None) -> dict:
-    """Exact probability of every output of the search's walk: the path and the final draw among the
-    nodes visited (together, everything the search's randomness decides)."""
-    sensitivity = threshold if sensitivity is None else sensitivity
-    each = epsilon / (steps + 1)
-
-    def probabilities(candidates):
-        scores = np.array([node_score(table, c, threshold) for c in candidates])
-        return exponential_mechanism_probabilities(scores, each, sensitivity, monotone=True)
-
-    paths = {(top_node(table.heights),): 1.0}
-    for _ in range(steps):
-        longer = {}
-        for path, probability in paths.items():
-            candidates = [path[-1], *specialisations(path[-1])]
-            for candidate, p in zip(candidates, probabilities(candidates)):
-                longer[path + (candidate,)] = longer.get(path + (candidate,), 0.0) + probability * p
-        paths = longer
-    outputs = {}
-    for path, probability in paths.items():
-        visited = list(dict.fromkeys(path))
-        for chosen, p in zip(visited, probabilities(visited)):
-            outputs[path + (chosen,)] = probability * p
-    return outputs
-
-
-def worst_log_ratio(first: dict, second: dict) -> float:
-    return max(abs(math.log(first[path] / second[path])) for path in first)
-
-
-def test_the_search_walk_is_epsilon_dp_on_neighbouring_tables_exactly():
-    """Every path's probability on D and on D plus one record, computed exactly, within e^ε."""
-    epsilon, threshold = 2.0, 3
-    rng = np.random.default_rng(5)
-    for _ in range(30):
-        table = tiny_table(rng, int(rng.integers(5, 25)))
-        neighbour = with_one_more_record(table, rng)
-        ratio = worst_log_ratio(walk_probabilities(table, threshold, epsilon, 2),
-                                walk_probabilities(neighbour, threshold, epsilon, 2))
-        assert ratio <= epsilon + 1e-12
-
-
-def test_the_exact_check_catches_a_search_with_too_small_a_sensitivity():
-    epsilon, threshold = 2.0, 3
-    rng = np.random.default_rng(5)
-    ratios = []
-    for _ in range(30):
-        table = tiny_table(rng, int(rng.integers(5, 25)))
-        neighbour = with_one_more_record(table, rng)
-        ratios.append(worst_log_ratio(walk_probabilities(table, threshold, epsilon, 2, sensitivity=1),
-                                      walk_probabilities(neighbour, threshold, epsilon, 2, sensitivity=1)))
-    assert max(ratios) > epsilon
-
-
-def test_the_search_draws_with_the_mechanism_s_probabilities():
-    rng = np.random.default_rng(9)
-    table = tiny_table(rng, 60)
-    outputs = walk_probabilities(table, 4, 1.0, 1)  # (top, step, final draw)
-    final = {}
-    for path, probability in outputs.items():
-        final[path[-1]] = final.get(path[-1], 0.0) + probability
-    draws = [dp_search(table, 4, 1.0, 1, rng).node for _ in range(4_000)]
-    nodes = list(final)
-    observed = [sum(d == node for d in draws) for node in nodes]
-    assert chisquare(observed, [4_000 * final[node] for node in nodes]).pvalue > 1e-3
-
-
-def test_the_exhaustive_search_draws_over_the_whole_lattice_with_the_mechanism_s_probabilities():
-    rng = np.random.default_rng(10)
-    table = tiny_table(rng, 60)
-    nodes = all_nodes(table.heights)
-    expected = exponential_mechanism_probabilities(
-        np.array([node_score(table, n, 4) for n in nodes]), 1.0, 4, monotone=True
-    )
-    draws = [dp_exhaustive_search(table, 4, 1.0, rng).node for _ in range(4_000)]
-    observed = [sum(d == node for d in draws) for node in nodes]
-    kept = expected * 4_000 >= 5  # χ² needs expected counts of at least 5
-    assert chisquare(np.append(np.array(observed)[kept], np.array(observed)[~kept].sum()),
-                     np.append(4_000 * expected[kept], 4_000 * expected[~kept].sum())).pvalue > 1e-3
-
-
-def test_compressing_a_table_keeps_its_group_sizes():
-    rng = np.random.default_rng(4)
-    table = tiny_table(rng, 300)
-    for node in [(0, 0), (1, 0), (2, 1), (0, 1)]:
-        assert sorted(table.group_sizes(node)) == sorted(table.compressed().group_sizes(node))
-
-
-def test_sampled_and_anonymised_records_form_no_group_below_k():
-    rng = np.random.default_rng(6)
-    table = tiny_table(rng, 2_000)
-    sampled, published = sample_and_anonymise(table, (0, 0), 40, 0.5, rng)
-    assert not (published & ~sampled).any() and 0 < published.sum() < sampled.sum()
-    keys = pd.DataFrame({"a": table.levels[0][0], "b": table.levels[1][0], "s": table.fixed[0]})
-    sizes = keys[published].groupby(["a", "b", "s"]).size()  # independent group count
-    assert sizes.min() >= 40
-    suppressed = keys[sampled & ~published].groupby(["a", "b", "s"]).size()
-    assert (suppressed < 40).all()
-    with pytest.raises(ValueError, match="outside"):
-        sample_and_anonymise(table, (3, 0), 40, 0.5, rng)

@@ -9,9 +9,9 @@ generalisation chosen without looking at the data, every group smaller than k su
 
 f(j; n, β) being the binomial probability of j successes in n trials. This module computes d exactly
 (to double precision) and the inverses a steward needs, and holds the mechanism's building blocks:
-Bernoulli sampling, safe k-anonymisation of generalised keys, and the exponential mechanism with a
-score of bounded sensitivity for a differentially private choice of the generalisation (SafePub's
-idea). It imports only numpy and scipy, so a notebook, a test or a worker can use it alone.
+Bernoulli sampling, safe k-anonymisation of generalised keys, and the exponential mechanism for a
+differentially private choice of the generalisation (SafePub's idea; its score:
+``kepsilon.engine.dp_quality``). It imports only numpy and scipy, so a notebook, a test or a worker can use it alone.
 """
 
 import math
@@ -156,20 +156,6 @@ def safe_k_anonymise(keys: np.ndarray, k: int) -> np.ndarray:
     return counts[inverse.reshape(-1)] >= k
 
 
-def granularity_score(group_sizes: np.ndarray, k: int, loss: float) -> float:
-    """A node's utility for the exponential mechanism: (1 − loss) × the number of records it keeps.
-
-    ``loss`` is the node's precision loss in [0, 1], a function of the node alone (full-domain
-    generalisation), so only the kept count depends on the data. Adding or removing one record changes
-    the kept count by at most k (a group of k − 1 reaching k keeps k more records), so the score's
-    sensitivity is k · (1 − loss) ≤ k: use ``sensitivity=k``.
-    """
-    if not 0 <= loss <= 1:
-        raise ValueError("loss must lie in [0, 1]")
-    sizes = np.asarray(group_sizes)
-    return float((1.0 - loss) * sizes[sizes >= k].sum())
-
-
 def exponential_mechanism_probabilities(
     scores: np.ndarray, epsilon: float, sensitivity: float, monotone: bool = False
 ) -> np.ndarray:
@@ -179,7 +165,8 @@ def exponential_mechanism_probabilities(
     score that moves in the same direction for every candidate when one record is added (never
     down) or removed (never up): then the normalising sum moves with the scores and the ratio of any
     candidate's probabilities on neighbouring data sets stays within e^ε (Dwork and Roth 2014, §3.4).
-    The granularity score is such a score: adding a record never lowers any node's kept count.
+    The DP search's score is such a score (``kepsilon.engine.dp_quality``): adding a record never
+    lowers any node's expected published quality.
     """
     _check_epsilon(epsilon)
     if not (math.isfinite(sensitivity) and sensitivity > 0):

@@ -26,8 +26,10 @@ from typing import Any
 import numpy as np
 import pandas as pd
 
+from .dp_quality import BALANCED_RECORDS_SHARE, QualityModel, domain_share_losses, precision_losses, records_losses
 from .dp_search import (
     CodedTable,
+    NodeScorer,
     dp_exhaustive_search,
     dp_search,
     lattice_height,
@@ -49,7 +51,8 @@ class DPPlan:
     sensitive columns released above level 0; ``sensitive_levels``: every sensitive column's level;
     ``table``: the records coded for grouping (one row per record, source order); ``leaf_codes``:
     each hierarchy column's leaf per record (to write the labels); ``strategy``: the search's
-    (None for a fixed node); ``steps``: the walk's steps (None otherwise).
+    (None for a fixed node); ``steps``: the walk's steps (None otherwise); ``quality``: the search's
+    quality model, every label's loss from the public hierarchies (None for a fixed node).
     """
 
     columns: list[str]
@@ -61,6 +64,7 @@ class DPPlan:
     node: tuple[int, ...] | None
     strategy: str | None
     steps: int | None
+    quality: QualityModel | None = field(default=None, repr=False)
 
     def report(self) -> dict:
         """The plan's public parameters (every figure here comes from the spec and the hierarchies)."""
@@ -71,6 +75,7 @@ class DPPlan:
             "lattice_height": lattice_height(self.heights),
             "search_strategy": self.strategy,
             "search_steps": self.steps,
+            "search_quality": None if self.quality is None else self.quality.name,
             "sensitive_levels": dict(self.sensitive_levels),
         }
 
@@ -96,6 +101,7 @@ def plan(frame: pd.DataFrame, spec) -> DPPlan:
     fixed = tuple(_fixed_codes(frame, column, level, hierarchies.get(column), leaf_codes.get(column))
                   for column, level in sensitive_levels.items())
     strategy, steps = _search_plan(spec, heights)
+    quality = None if spec.dp.search is None else quality_model(spec, columns, hierarchies)
     return DPPlan(
         columns=columns,
         hierarchies=hierarchies,
@@ -106,7 +112,33 @@ def plan(frame: pd.DataFrame, spec) -> DPPlan:
         node=node,
         strategy=strategy,
         steps=steps,
+        quality=quality,
     )
+
+
+def quality_model(spec, columns: list[str], hierarchies: dict[str, Hierarchy]) -> QualityModel:
+    """The search's quality model (``dp.search.quality``): every label's loss, from the hierarchies.
+
+    A hierarchy built from the data (a builder) has the data's distinct values as leaves, so its
+    domain shares depend on the data: under ``granularity`` such a column's loss is its precision.
+    """
+    name = spec.dp.search.quality
+    losses = []
+    for column in columns:
+        hierarchy = hierarchies[column]
+        counts = [int(codes.max()) + 1 for codes in hierarchy.label_codes]
+        if name == "records":
+            losses.append(records_losses(counts))
+        elif name in ("granularity", "balanced") and _from_file(spec, column):
+            losses.append(domain_share_losses(hierarchy.label_codes))
+        else:
+            losses.append(precision_losses(counts, hierarchy.height))
+    return QualityModel(name=name, losses=tuple(losses), records_share=BALANCED_RECORDS_SHARE if name == "balanced" else 0.0)
+
+
+def _from_file(spec, column: str) -> bool:
+    entry = next(q for q in [*spec.roles.k_quasi, *spec.roles.e_quasi] if q.column == column)
+    return isinstance(entry.hierarchy, str)
 
 
 # Scoring a node groups the whole table once (about 1.5 ms on Adult): 100,000 nodes is minutes.
@@ -114,22 +146,30 @@ MAX_EXHAUSTIVE_NODES = 100_000
 
 
 def _search_plan(spec, heights) -> tuple[str | None, int | None]:
-    """The search's strategy and the walk's steps (default: half the lattice's height, at least one).
+    """The search's strategy and the walk's steps (default: the lattice's height, at least one).
 
-    Half the height measured best on Adult among 3, 6, 10 and 17 steps (README); the exhaustive
-    search is refused on a lattice too large to score node by node, before any ε.
+    Refused before any ε: the exhaustive search on a lattice too large to score node by node, and a
+    walk with more steps than it can take (each step makes a new pivot, so at most lattice size − 1
+    steps draw; the budget of the others would be spent on nothing).
     """
     if spec.dp.search is None:
         return None, None
+    size = lattice_size(heights)
     if spec.dp.search.strategy == "exhaustive":
-        if lattice_size(heights) > MAX_EXHAUSTIVE_NODES:
+        if size > MAX_EXHAUSTIVE_NODES:
             raise SpecError(
                 "dp.search.strategy",
-                f"the lattice has {lattice_size(heights)} nodes, more than {MAX_EXHAUSTIVE_NODES} to score one by one; "
-                "use strategy walk",
+                f"the lattice has {size} nodes, more than {MAX_EXHAUSTIVE_NODES} to score one by one; use strategy walk",
             )
         return "exhaustive", None
-    return "walk", spec.dp.search.steps or max(1, lattice_height(heights) // 2)
+    steps = spec.dp.search.steps or max(1, lattice_height(heights))
+    if steps > size - 1:
+        raise SpecError(
+            "dp.search.steps",
+            f"the walk can take at most {size - 1} steps on this lattice of {size} nodes (one new pivot each); "
+            f"{steps} would spend part of ε_search on draws with nothing to choose",
+        )
+    return "walk", steps
 
 
 def _generalised_hierarchy(spec, frame: pd.DataFrame, column: str) -> Hierarchy:
@@ -198,14 +238,19 @@ def mechanism(frame: pd.DataFrame, dp_plan: DPPlan, spec, rngs) -> tuple[pd.Data
     epsilon_search, _ = spec.dp_epsilons()
     report: dict[str, Any] = {"rows_in": int(len(frame))}
     if dp_plan.node is None:
-        # The score counts records in groups of at least k on the full data: sensitivity k.
-        table = dp_plan.table.compressed()
+        # The score is the expected quality published at a node, on the full data (dp_quality).
+        scorer = NodeScorer(dp_plan.table.compressed(), dp_plan.quality, spec.k, spec.dp_beta())
         if dp_plan.strategy == "exhaustive":
-            result = dp_exhaustive_search(table, spec.k, epsilon_search, search_rng)
+            result = dp_exhaustive_search(scorer, epsilon_search, search_rng)
         else:
-            result = dp_search(table, spec.k, epsilon_search, dp_plan.steps, search_rng)
+            result = dp_search(scorer, epsilon_search, dp_plan.steps, search_rng)
         node = result.node
-        report["search"] = {"path": [list(step) for step in result.path], "nodes_scored": result.nodes_scored}
+        report["search"] = {
+            "path": [list(step) for step in result.path],
+            "nodes_scored": result.nodes_scored,
+            "quality": dp_plan.quality.name,
+            "sensitivity": scorer.sensitivity,
+        }
     else:
         node = dp_plan.node
     sampled, published = sample_and_anonymise(dp_plan.table, node, spec.k, spec.dp_beta(), sampling_rng)

@@ -9,16 +9,14 @@ its labels at the node plus its fixed columns, and records sharing every release
 group. The codes are the only input: this module knows neither hierarchies nor data frames, so the
 same functions serve a release, a benchmark and a test.
 
-Two searches. ``dp_exhaustive_search`` draws the node once among every node of the lattice, with all of
-ε_search. ``dp_search`` (after SafePub) walks the lattice from its top: at every step the
-exponential mechanism chooses among staying where it is and each direct specialisation (one column
-one level lower), and a last draw chooses the output among the nodes visited; each of the
-``steps + 1`` draws spends ``ε_search / (steps + 1)`` and uses the granularity score
-(``kepsilon.engine.dp.granularity_score``). The score counts the records in groups of at least
-``threshold`` records; adding a record raises it by at most ``threshold`` and lowers none, so the
-mechanism runs with sensitivity ``threshold`` in its monotone form. Each draw is DP whatever the
-draws before chose (its candidates depend only on their outputs), so the search is ε_search-DP by
-sequential composition.
+Two searches, both scoring a node by the quality a release there publishes in expectation over the
+sampling (``NodeScorer``, ``kepsilon.engine.dp_quality``: a monotone score of public sensitivity Δ, so
+the exponential mechanism runs as ∝ exp(ε·u/Δ)). ``dp_exhaustive_search`` draws the node once among
+every node of the lattice, with all of ε_search, every node's groups rolled up from a finer node's
+(``lattice_layers``). ``dp_search`` (after SafePub) walks the lattice from its top: each of ``steps``
+draws (ε_search/(2·steps) each) chooses the next pivot among every node seen so far, and a last draw
+(ε_search/2) chooses the output among the pivots. Each draw's candidates depend only on earlier
+draws' outputs, so the search is ε_search-DP by adaptive sequential composition.
 """
 
 import itertools
@@ -26,8 +24,10 @@ import math
 from dataclasses import dataclass, field
 
 import numpy as np
+import pandas as pd
 
-from .dp import _check_k, bernoulli_sample, exponential_mechanism, granularity_score, safe_k_anonymise
+from .dp import _check_k, bernoulli_sample, exponential_mechanism, safe_k_anonymise
+from .dp_quality import QualityModel, expected_publication_sensitivity, expected_published_table
 
 _KEY_LIMIT = 2**62  # mixed-radix keys stay inside int64
 
@@ -125,11 +125,6 @@ def precision_loss(node, heights) -> float:
     return float(np.mean(losses)) if losses else 0.0
 
 
-def node_score(table: CodedTable, node, threshold: int) -> float:
-    """Granularity of ``node`` on ``table``: (1 − loss) × records in groups of at least ``threshold``."""
-    return granularity_score(table.group_sizes(node), threshold, precision_loss(node, table.heights))
-
-
 def top_node(heights) -> tuple[int, ...]:
     """The most general node: every column at its last level."""
     return tuple(height - 1 for height in heights)
@@ -152,46 +147,170 @@ def specialisations(node) -> list[tuple[int, ...]]:
 
 @dataclass(frozen=True)
 class SearchResult:
-    """The node the search chose, the node after every step of the walk (each a DP output), and how
-    many distinct nodes were scored."""
+    """The node the search chose, the pivots of the walk in order (each a DP output; the exhaustive
+    search's is the node alone), and how many distinct nodes were scored."""
 
     node: tuple[int, ...]
     path: tuple[tuple[int, ...], ...]
     nodes_scored: int
 
 
-def dp_search(table: CodedTable, threshold: int, epsilon: float, steps: int, rng: np.random.Generator) -> SearchResult:
-    """Choose a node with ε-differential privacy: ``steps + 1`` exponential-mechanism draws of
-    ε/(steps + 1) each (SafePub's search).
+class NodeScorer:
+    """The search's score u(D, g): the expected quality-weighted records a release at g publishes
+    (``kepsilon.engine.dp_quality``), on ``table`` (the full data, before any sampling).
 
-    From the top node, each step of the walk draws among the current node and its direct
-    specialisations; a last draw chooses the output among every node the walk visited, the top
-    included (so a walk that went too deep can still return a coarser node). Probabilities are
-    ∝ exp((ε/(steps + 1)) · score / threshold), the monotone form (module docstring). The scores are
-    computed on ``table`` (the full data, before any sampling) and cached per node.
+    ``sensitivity`` is public: it depends on k, β and the quality model's largest weight only.
     """
-    _check_k(threshold)
-    if isinstance(steps, bool) or not isinstance(steps, (int, np.integer)) or steps < 1:
-        raise ValueError("steps must be an integer of at least 1")
-    scored: dict[tuple[int, ...], float] = {}
-    each = epsilon / (steps + 1)
 
-    def draw(candidates: list[tuple[int, ...]]) -> tuple[int, ...]:
-        for candidate in candidates:
-            if candidate not in scored:
-                scored[candidate] = node_score(table, candidate, threshold)
-        scores = np.array([scored[candidate] for candidate in candidates])
-        return candidates[exponential_mechanism(scores, each, float(threshold), rng, monotone=True)]
+    def __init__(self, table: CodedTable, quality: QualityModel, k: int, beta: float):
+        _check_k(k)
+        self.table = table
+        self.quality = quality
+        records = int(table.rows if table.weights is None else table.weights.sum())
+        self.expected = expected_published_table(records, k, beta)
+        self.sensitivity = expected_publication_sensitivity(k, beta) * quality.largest_weight
+        self.scored: dict[tuple[int, ...], float] = {}
 
-    node = top_node(table.heights)
-    visited = [node]
-    path = []
-    for _ in range(steps):
-        node = draw([node, *specialisations(node)])
-        path.append(node)
-        if node not in visited:
-            visited.append(node)
-    return SearchResult(node=draw(visited), path=tuple(path), nodes_scored=len(scored))
+    def score(self, node) -> float:
+        """u(D, node), cached (the walk asks for a node more than once)."""
+        node = self.table.check_node(node)
+        if node not in self.scored:
+            rows, sizes = _groups_of(self.table, node)
+            codes = [self.table.levels[c][level][rows] for c, level in enumerate(node)]
+            self.scored[node] = float((self.expected[sizes] * self.quality.group_weights(node, codes)).sum())
+        return self.scored[node]
+
+    def score_lattice(self) -> tuple[list[tuple[int, ...]], np.ndarray]:
+        """Every node of the lattice (``all_nodes``' order) and its score, each node's groups rolled up
+        from those of one direct specialisation instead of from the whole table (``lattice_layers``)."""
+        columns = max(len(self.quality.losses), 1)
+        scores: dict[tuple[int, ...], float] = {}
+        for nodes, layer in lattice_layers(self.table, self.quality):
+            values = self.expected[layer.sizes] * self.quality.weight(layer.losses / columns)
+            scores.update(zip(nodes, np.bincount(layer.node, weights=values, minlength=len(nodes)).tolist()))
+        self.scored.update(scores)
+        nodes = all_nodes(self.table.heights)
+        return nodes, np.array([scores[node] for node in nodes])
+
+
+def _groups_of(table: CodedTable, node) -> tuple[np.ndarray, np.ndarray]:
+    """(a representative row, records) of every group at ``node``, from every row of ``table``."""
+    ids = table.group_ids(node)
+    rows = np.unique(ids, return_index=True)[1]
+    weights = table.weights
+    sizes = np.bincount(ids) if weights is None else np.bincount(ids, weights=weights).astype(np.int64)
+    return rows, sizes
+
+
+@dataclass(frozen=True)
+class _Layer:
+    """The groups of every node of one layer, node after node: for each group its node (the index in
+    the layer's node list), a representative row, its records, its key and its labels' summed loss."""
+
+    node: np.ndarray
+    rows: np.ndarray
+    sizes: np.ndarray
+    keys: np.ndarray
+    losses: np.ndarray
+
+    def segments(self, count: int) -> tuple[np.ndarray, np.ndarray]:
+        """(first group, number of groups) of each of the layer's ``count`` nodes."""
+        lengths = np.bincount(self.node, minlength=count)
+        return np.concatenate([[0], np.cumsum(lengths)[:-1]]), lengths
+
+
+def lattice_layers(table: CodedTable, quality: QualityModel):
+    """Yield (the layer's nodes, their groups as a ``_Layer``) for every layer of the lattice (the
+    nodes with the same sum of levels), from the bottom up.
+
+    A node's groups are unions of the groups of any direct specialisation, so they are found by
+    re-keying that specialisation's groups (one row each; the one with the fewest groups) rather
+    than every row of the table. The key is mixed-radix over every column's codes, and raising one
+    column one level changes that column's term only, as it changes that column's loss only. A whole
+    layer is merged at once, each key offset by its node's index, so the work is a few array
+    operations per layer rather than per node. Too many labels for an int64 key: node by node.
+    """
+    heights = table.heights
+    losses = quality.losses or tuple(tuple(np.zeros(int(level.max()) + 1) for level in column) for column in table.levels)
+    radices = [max(int(level.max()) + 1 for level in column) for column in table.levels]
+    fixed = combine_codes(list(table.fixed)) if table.fixed else np.zeros(table.rows, dtype=np.int64)
+    strides, space = [], int(fixed.max()) + 1
+    for radix in radices:
+        strides.append(space)
+        space *= radix
+    layers: dict[int, list[tuple[int, ...]]] = {}
+    for node in all_nodes(heights):
+        layers.setdefault(sum(node), []).append(node)
+    if space * max(len(nodes) for nodes in layers.values()) >= _KEY_LIMIT:
+        for node in all_nodes(heights):
+            rows, sizes = _groups_of(table, node)
+            loss = sum(losses[c][level][table.levels[c][level][rows]] for c, level in enumerate(node))
+            yield [node], _Layer(np.zeros(len(rows), dtype=np.int64), rows, sizes, np.zeros(len(rows), dtype=np.int64), loss)
+        return
+    # Every (column, level)'s codes as one table, and its labels' losses as one flat array.
+    pairs = {(c, level): i for i, (c, level) in enumerate((c, level) for c, h in enumerate(heights) for level in range(h))}
+    codes = np.stack([table.levels[c][level] for c, level in pairs]).astype(np.int64)
+    loss_start = np.concatenate([[0], np.cumsum([len(losses[c][level]) for c, level in pairs])[:-1]])
+    flat_losses = np.concatenate([losses[c][level] for c, level in pairs])
+    sizes = np.ones(table.rows, dtype=np.int64) if table.weights is None else table.weights.astype(np.int64)
+    bottom = [tuple(0 for _ in heights)]
+    keys = fixed.astype(np.int64) + sum(codes[pairs[c, 0]] * strides[c] for c in range(len(heights)))
+    loss = sum(flat_losses[loss_start[pairs[c, 0]] + codes[pairs[c, 0]]] for c in range(len(heights)))
+    previous = _merge(np.zeros(table.rows, dtype=np.int64), np.arange(table.rows), sizes, keys, loss, space)
+    previous_nodes = bottom
+    yield bottom, previous
+    for height in range(1, lattice_height(heights) + 1):
+        nodes = layers[height]
+        index = {node: i for i, node in enumerate(previous_nodes)}
+        starts, lengths = previous.segments(len(previous_nodes))
+        child, column = np.array(
+            [min(((index[node[:c] + (level - 1,) + node[c + 1 :]], c) for c, level in enumerate(node) if level > 0),
+                 key=lambda pair: lengths[pair[0]]) for node in nodes]
+        ).T
+        level = np.array([node[c] for node, c in zip(nodes, column)])
+        counts = lengths[child]
+        # The child's groups, node after node, and per group the node and the column it raises.
+        offsets = np.repeat(starts[child] - np.concatenate([[0], np.cumsum(counts)[:-1]]), counts)
+        take = offsets + np.arange(counts.sum())
+        node_of = np.repeat(np.arange(len(nodes)), counts)
+        raised_pair = np.repeat([pairs[c, l] for c, l in zip(column, level)], counts)
+        lower_pair = np.repeat([pairs[c, l - 1] for c, l in zip(column, level)], counts)
+        rows = previous.rows[take]
+        raised, lower = codes[raised_pair, rows], codes[lower_pair, rows]
+        keys = previous.keys[take] + (raised - lower) * np.repeat(np.array(strides)[column], counts)
+        loss = (previous.losses[take] + flat_losses[loss_start[raised_pair] + raised]
+                - flat_losses[loss_start[lower_pair] + lower])
+        previous = _merge(node_of, rows, previous.sizes[take], keys, loss, space)
+        previous_nodes = nodes
+        yield nodes, previous
+
+
+_MERGE_CHUNK = 1 << 15  # keys hashed per call: a hash table this size stays in cache
+
+
+def _merge(node: np.ndarray, rows: np.ndarray, sizes: np.ndarray, keys: np.ndarray, losses: np.ndarray, space: int) -> _Layer:
+    """Merge the groups of the same node that share a key (and so every label, and so the loss).
+
+    Hashing (pandas' factorize), a chunk of whole nodes at a time: one call per node costs more in
+    overhead than in work, one call per layer thrashes the cache. Groups come out in order of first
+    appearance, so node after node, as they went in.
+    """
+    tagged = keys + node * space
+    boundaries = np.flatnonzero(np.diff(node)) + 1  # where a node's groups start
+    cuts, start = [], 0
+    for boundary in boundaries:
+        if boundary - start >= _MERGE_CHUNK:
+            cuts.append(int(boundary))
+            start = boundary
+    codes, offset = np.empty(len(tagged), dtype=np.int64), 0
+    for lo, hi in zip([0, *cuts], [*cuts, len(tagged)]):
+        chunk, _ = pd.factorize(tagged[lo:hi])
+        codes[lo:hi] = chunk + offset
+        offset += int(chunk.max()) + 1 if hi > lo else 0
+    first = np.empty(offset, dtype=np.int64)
+    first[codes[::-1]] = np.arange(len(codes) - 1, -1, -1)  # the last write per group is its first row
+    return _Layer(node[first], rows[first], np.bincount(codes, weights=sizes, minlength=offset).astype(np.int64),
+                  keys[first], losses[first])
 
 
 def all_nodes(heights) -> list[tuple[int, ...]]:
@@ -199,14 +318,55 @@ def all_nodes(heights) -> list[tuple[int, ...]]:
     return list(itertools.product(*(range(height) for height in heights)))
 
 
-def dp_exhaustive_search(table: CodedTable, threshold: int, epsilon: float, rng: np.random.Generator) -> SearchResult:
+def dp_exhaustive_search(scorer: NodeScorer, epsilon: float, rng: np.random.Generator) -> SearchResult:
     """Choose a node with ε-differential privacy in one exponential-mechanism draw over the whole
-    lattice (all of ε on one draw; cost: one grouping per node)."""
-    _check_k(threshold)
-    nodes = all_nodes(table.heights)
-    scores = np.array([node_score(table, node, threshold) for node in nodes])
-    node = nodes[exponential_mechanism(scores, epsilon, float(threshold), rng, monotone=True)]
+    lattice, probabilities ∝ exp(ε·u/Δ) (a monotone score: no factor 2)."""
+    nodes, scores = scorer.score_lattice()
+    node = nodes[exponential_mechanism(scores, epsilon, scorer.sensitivity, rng, monotone=True)]
     return SearchResult(node=node, path=(node,), nodes_scored=len(nodes))
+
+
+def walk_budget(epsilon: float, steps: int) -> tuple[float, float]:
+    """(ε of each step, ε of the final draw): half of ε over the steps, half on the final draw."""
+    return epsilon / (2 * steps), epsilon / 2
+
+
+def dp_search(scorer: NodeScorer, epsilon: float, steps: int, rng: np.random.Generator) -> SearchResult:
+    """Choose a node with ε-differential privacy by a walk that keeps every node it has seen.
+
+    From the top node (the first pivot), each of ``steps`` draws chooses the next pivot among every
+    node seen so far that is not a pivot yet (the direct specialisations of all pivots: SafePub's
+    candidate set), with ε/(2·steps) each; a last draw, with ε/2, chooses the output among all the
+    pivots. Each draw is an exponential mechanism over a candidate set that depends only on earlier
+    draws' outputs, so the walk, path and output together, is ε-DP by adaptive sequential
+    composition. A step with no candidate left (the whole lattice visited) draws nothing.
+    """
+    if isinstance(steps, bool) or not isinstance(steps, (int, np.integer)) or steps < 1:
+        raise ValueError("steps must be an integer of at least 1")
+    each, final = walk_budget(epsilon, steps)
+
+    pivot = top_node(scorer.table.heights)
+    pivots, seen = [pivot], {pivot}
+    # The candidates, in an order that depends only on earlier outputs (a removed one's place is
+    # taken by the last), with their scores alongside for the draws.
+    candidates: list[tuple[int, ...]] = []
+    scores = np.empty(lattice_size(scorer.table.heights))
+    for _ in range(steps):
+        for node in specialisations(pivot):
+            if node not in seen:
+                seen.add(node)
+                scores[len(candidates)] = scorer.score(node)
+                candidates.append(node)
+        if not candidates:
+            break
+        chosen = exponential_mechanism(scores[: len(candidates)], each, scorer.sensitivity, rng, monotone=True)
+        pivot = candidates[chosen]
+        candidates[chosen], scores[chosen] = candidates[-1], scores[len(candidates) - 1]
+        candidates.pop()
+        pivots.append(pivot)
+    pivot_scores = np.array([scorer.score(node) for node in pivots])
+    node = pivots[exponential_mechanism(pivot_scores, final, scorer.sensitivity, rng, monotone=True)]
+    return SearchResult(node=node, path=tuple(pivots[1:]), nodes_scored=len(scorer.scored))
 
 
 def sample_and_anonymise(table: CodedTable, node, k: int, beta: float, rng: np.random.Generator) -> tuple[np.ndarray, np.ndarray]:
