@@ -733,7 +733,7 @@ def parse_spec(raw: dict) -> ReleaseSpec:
         return ReleaseSpec.model_validate(raw)
     except ValidationError as exc:
         first, loc = _most_specific(exc.errors())
-        location = ".".join(str(part) for part in loc) or "spec"
+        location = ".".join(str(part) for part in loc if not _is_branch_tag(part)) or "spec"
         message = first["msg"]
         if first["type"] == "extra_forbidden":
             message = "unknown field"

@@ -67,6 +67,9 @@ def test_the_guarantee_s_parameters_follow_from_the_spec():
         (dp_dict(dp=None), "dp", "needs its parameters"),
         (dp_dict(privacy_model="kepsilon"), "dp", "applies to privacy_model dp only"),
         (dp_dict(execution={"engine": "dask"}), "execution.engine", "runs in memory only"),
+        # Field errors under a validated model are named by the spec's own path, not pydantic's validator tags.
+        (with_dp(max_delta=2), "dp.max_delta", "less than 1"),
+        (with_dp(node=None, search={"epsilon": 0.1, "quality": "bogus"}), "dp.search.quality", "Input should be"),
     ],
 )
 def test_a_parameter_outside_the_theorem_is_refused_by_name(changes, parameter, message):
