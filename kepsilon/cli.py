@@ -105,9 +105,10 @@ def _flush_prefect_client() -> None:
 # Where ``make serve`` (deployments/serve.sh) puts its server: 127.0.0.1, port PREFECT_PORT or 4200.
 SERVE_PORT_ENV = "PREFECT_PORT"
 SERVE_DEFAULT_PORT = 4200
-# The CLI's bound on Prefect's client retries: Prefect's default (5, doubling waits) kept a run whose
-# server had died retrying for about four minutes before saying anything.
-CLIENT_MAX_RETRIES = 2
+# The CLI's bound on Prefect's client retries: Prefect's default (5, doubling waits from 2 s) kept a run
+# whose server had died retrying for about four minutes before saying anything. One retry (2 s) rides
+# out a blip; a call that still fails does not decide what the user is told (the audit store does).
+CLIENT_MAX_RETRIES = 1
 
 
 def _serve_api_url() -> str:
@@ -319,13 +320,26 @@ def _orchestrator_lost(watch) -> bool:
     return watch is not None and watch.lost
 
 
+def _talking_to_prefect_failed(failure: BaseException) -> bool:
+    """Whether ``failure`` (or what caused it) is the Prefect client failing to reach or hear its server."""
+    import httpx
+
+    seen = set()
+    while failure is not None and id(failure) not in seen:
+        seen.add(id(failure))
+        if isinstance(failure, httpx.TransportError):
+            return True
+        failure = failure.__cause__ or failure.__context__
+    return False
+
+
 def _drop_undeliverable() -> None:
     from kepsilon.orchestrator import discard_undeliverable
 
     discard_undeliverable()
 
 
-def _told_by_the_store(release_id: str, started: str, store: Path) -> None:
+def _told_by_the_store(release_id: str, started: str, store: Path, why: str = "the Prefect server stopped answering") -> None:
     """The run's Prefect server is gone: one line with the release's outcome as the audit store records it.
 
     Prefect's answer (a ConnectError, a flow run left Running) says nothing about the release, which
@@ -336,7 +350,7 @@ def _told_by_the_store(release_id: str, started: str, store: Path) -> None:
     outcome = store_outcome(store, release_id, started)
     style = "bold green" if outcome.state == "published" else "bold red"
     errors.print(
-        f"[{style}]the Prefect server stopped answering; the audit store says:[/] {escape(outcome.line)}",
+        f"[{style}]{escape(why)}; the audit store says:[/] {escape(outcome.line)}",
         soft_wrap=True,
     )
     raise typer.Exit(code=outcome.exit_code)
@@ -355,8 +369,10 @@ def release(
 ) -> None:
     """Run the governed-release flow on SPEC.yaml and print the release summary.
 
-    The flow reports to the Prefect API configured by PREFECT_API_URL; without one, to a local Prefect
-    server started for this run in PREFECT_HOME (no UI, no scheduler), stopped when the run is over.
+    The flow reports to the Prefect API configured by PREFECT_API_URL, else to the server of `make serve`
+    (127.0.0.1, port PREFECT_PORT or 4200); when neither answers, to a local Prefect server started for this
+    run in PREFECT_HOME (no UI, no scheduler), stopped when the run is over. If the server stops answering
+    during the run, the outcome printed is the audit store's (docs/cli-and-server.md).
     """
     from kepsilon.audit.store import now, store_path
     from kepsilon.flows.spec import load_spec
@@ -397,10 +413,11 @@ def release(
             _told_by_the_store(spec.release_id, started, store_path())
         _refused(failure, debug)
     except Exception as failure:
-        if lost is not None and lost.lost:
+        if lost is not None and (lost.lost or _talking_to_prefect_failed(failure)):
             if debug:
                 traceback.print_exception(failure, file=sys.stderr)
-            _told_by_the_store(spec.release_id, started, store_path())
+            why = "the Prefect server stopped answering" if lost.lost else f"the Prefect client failed ({type(failure).__name__})"
+            _told_by_the_store(spec.release_id, started, store_path(), why)
         _crashed(failure, quiet, debug)
     if lost is not None and lost.lost:
         _told_by_the_store(spec.release_id, started, store_path())

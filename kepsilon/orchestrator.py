@@ -83,7 +83,9 @@ class ConnectionNoise(logging.Filter):
 def discard_undeliverable() -> int:
     """Empty the queues of Prefect's log and event services, whose server is gone; returns the items dropped.
 
-    Each queued event would otherwise be retried for about 7 s when the interpreter exits. Uses the
+    Each queued event would otherwise be retried for about 7 s when the interpreter exits. The item being
+    sent still is, once; the loggers that would report its failure are switched off for the rest of the
+    process, which is about to end (the console filters are gone by then). Uses the
     services' queue (a private attribute of Prefect 3's ``QueueService``, pinned in constraints.txt);
     if that changes, nothing is dropped and the exit is only slower.
     """
@@ -92,6 +94,8 @@ def discard_undeliverable() -> int:
     from prefect.events.worker import EventsWorker
     from prefect.logging.handlers import APILogWorker
 
+    for name in _CONNECTION_LOGGERS:
+        logging.getLogger(name).disabled = True
     dropped = 0
     for service in (EventsWorker, APILogWorker):
         for instance in list(getattr(service, "_instances", {}).values()):
