@@ -307,6 +307,18 @@ def _crashed(failure: Exception, quiet: RefusalTracebacks, debug: bool) -> None:
     raise typer.Exit(code=1)
 
 
+def _workers_log_to_the_run_only() -> None:
+    """Keep the processes this run starts (a Dask LocalCluster's workers) from printing INFO lines here.
+
+    They inherit this terminal and print with consoles of their own, which no live display can route:
+    their per-task lines landed inside the bar block. Their log still reaches the flow run on the server,
+    and the bars show their progress; warnings and errors still print. Set after this process configured
+    its own logging (importing the flow did), so that only processes started from now on read it; an
+    operator's own PREFECT_LOGGING_HANDLERS_CONSOLE_LEVEL wins.
+    """
+    os.environ.setdefault("PREFECT_LOGGING_HANDLERS_CONSOLE_LEVEL", "WARNING")
+
+
 def _orchestrator_lost(watch) -> bool:
     """Whether the Prefect server of this run stopped answering (``watch``: the run's ``ConnectionNoise``).
 
@@ -395,6 +407,8 @@ def release(
 
             from kepsilon.flows.release import governed_release
             from kepsilon.orchestrator import ConnectionNoise
+
+            _workers_log_to_the_run_only()
 
             lost = ConnectionNoise(get_current_settings().api.url)
             with contextlib.nullcontext() if debug else _console_filter(quiet), _console_filter(lost), _stage_bars():

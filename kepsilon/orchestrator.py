@@ -136,11 +136,13 @@ def store_outcome(store: Path, release_id: str, since: str) -> Outcome:
             "SELECT manifest FROM releases WHERE release_id = ? AND outcome = 'published' ORDER BY id DESC LIMIT 1",
             (release_id,),
         ).fetchone()
-        failed = conn.execute(
-            "SELECT outcome_detail FROM releases WHERE release_id = ? AND outcome = 'failed' AND recorded_at >= ? "
+        conn.row_factory = sqlite3.Row
+        failed = conn.execute(  # * : failure_reason is a later column; a store from before it has outcome_detail
+            "SELECT * FROM releases WHERE release_id = ? AND outcome = 'failed' AND recorded_at >= ? "
             "ORDER BY id DESC LIMIT 1",
             (release_id, since),
         ).fetchone()
+        conn.row_factory = None
         reserved = conn.execute(
             "SELECT r.nano_epsilon, EXISTS (SELECT 1 FROM ledger s WHERE s.reservation_id = r.id AND s.kind = 'spend') "
             "FROM ledger r WHERE r.release_id = ? AND r.kind = 'reserve' "
@@ -158,7 +160,9 @@ def store_outcome(store: Path, release_id: str, since: str) -> Outcome:
         there = "" if Path(folder).is_dir() else " (folder not in place yet: rerun the same release to complete it)"
         return Outcome("published", f"release {quoted} published at {folder}{there} (recorded in the audit store)", 0)
     if failed:
-        return Outcome("failed", f"release {quoted} failed, recorded in the audit store ({failed[0] or 'no detail'}); "
+        reason = next((failed[c] for c in ("failure_reason", "outcome_detail") if c in failed.keys() and failed[c]),
+                      "no detail")
+        return Outcome("failed", f"release {quoted} failed, recorded in the audit store ({reason}); "
                        "`kepsilon audit failures` has the record", 2)
     if reserved:
         epsilon = reserved[0] / 10**9

@@ -247,6 +247,7 @@ def run_in_tmux(workspace, tmp_path, spec_path, release_id: str, timeout: float 
                                   capture_output=True, text=True, check=True).stdout
     finally:
         subprocess.run([*tmux, "kill-server"], env=pane_env, capture_output=True)
+    (tmp_path / "pane.txt").write_text(captured, encoding="utf-8")  # kept with pytest's temporary folders
     assert done.read_text().strip() == "0", captured
     return captured
 
@@ -289,3 +290,39 @@ def test_at_a_terminal_a_dask_release_prints_no_telemetry_banner_and_clean_bars(
     captured = run_in_tmux(workspace, tmp_path, work / "dask.yaml", "cli-tty-dask", timeout=600)
     assert_a_clean_terminal(captured)
     assert any(BAR in line and "4/4 partitions" in line for line in captured.splitlines())
+
+
+# --- What the CLI says when its server is gone: the store's reading of every outcome --------------------
+
+
+def test_the_store_outcome_line_for_failed_reserved_and_nothing(workspace, tmp_path, monkeypatch):
+    """``store_outcome`` reads each state a release can be left in (the kill scenarios of make reliability
+    end published): a failed gate recorded by a real run, an open reservation, and nothing at all."""
+    from kepsilon.audit.ledger import mark_noise_drawn, reserve
+    from kepsilon.audit.store import now
+    from kepsilon.orchestrator import store_outcome
+
+    from .conftest import capped_store
+
+    work, _ = workspace
+    spec = yaml.safe_load((work / "spec.yaml").read_text(encoding="utf-8"))
+    spec["max_prosecutor_risk"] = 0.01
+    (work / "strict-again.yaml").write_text(yaml.safe_dump(spec, sort_keys=False), encoding="utf-8")
+    since = now()
+    code, _, err = run(workspace, command=[KEPSILON, "release", str(work / "strict-again.yaml"),
+                                           "--release-id", "cli-strict-again"])
+    assert code == 2, err
+    failed = store_outcome(work / "audit.db", "cli-strict-again", since)
+    assert (failed.state, failed.exit_code) == ("failed", 2) and "prosecutor_risk" in failed.line, failed
+    assert store_outcome(work / "audit.db", "cli-strict-again", now()).state != "failed"  # an earlier run's failure
+
+    db = capped_store(tmp_path, monkeypatch, "outcome-people")
+    held = reserve(db, population_id="outcome-people", epsilon=0.5, idempotency_key="k-1", release_id="held",
+                   operator="tester")
+    reserved = store_outcome(tmp_path / "audit.db", "held", now())
+    assert (reserved.state, reserved.exit_code) == ("reserved", 2)
+    assert "ε 0.5 stays reserved (not yet spent" in reserved.line and "rerun the same release" in reserved.line
+    mark_noise_drawn(db, held.id)
+    assert "spent: its noise was drawn" in store_outcome(tmp_path / "audit.db", "held", now()).line
+    nothing = store_outcome(tmp_path / "audit.db", "never-ran", now())
+    assert (nothing.state, nothing.exit_code) == ("nothing", 2) and "no ε spent" in nothing.line
