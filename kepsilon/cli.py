@@ -68,13 +68,18 @@ class RefusalTracebacks(logging.Filter):
 
 
 def _console_handlers() -> list[logging.Handler]:
+    """The handlers that write Prefect's log to the terminal: the root's console handler, and the stream
+    handler of ``prefect._internal`` (which does not propagate; it reports the client's service errors)."""
     from prefect.logging.handlers import PrefectConsoleHandler
 
-    return [handler for handler in logging.getLogger().handlers if isinstance(handler, PrefectConsoleHandler)]
+    root = [handler for handler in logging.getLogger().handlers if isinstance(handler, PrefectConsoleHandler)]
+    internal = [handler for handler in logging.getLogger("prefect._internal").handlers
+                if isinstance(handler, logging.StreamHandler) and not isinstance(handler, logging.FileHandler)]
+    return root + internal
 
 
 @contextlib.contextmanager
-def _console_filter(quiet: RefusalTracebacks) -> Iterator[None]:
+def _console_filter(quiet: logging.Filter) -> Iterator[None]:
     handlers = _console_handlers()
     for handler in handlers:
         handler.addFilter(quiet)
@@ -97,24 +102,64 @@ def _flush_prefect_client() -> None:
     EventsWorker.drain_all(timeout=10)
 
 
+# Where ``make serve`` (deployments/serve.sh) puts its server: 127.0.0.1, port PREFECT_PORT or 4200.
+SERVE_PORT_ENV = "PREFECT_PORT"
+SERVE_DEFAULT_PORT = 4200
+# The CLI's bound on Prefect's client retries: Prefect's default (5, doubling waits from 2 s) kept a run
+# whose server had died retrying for about four minutes before saying anything. One retry (2 s) rides
+# out a blip; a call that still fails does not decide what the user is told (the audit store does).
+CLIENT_MAX_RETRIES = 1
+
+
+def _serve_api_url() -> str:
+    return f"http://127.0.0.1:{os.environ.get(SERVE_PORT_ENV) or SERVE_DEFAULT_PORT}/api"
+
+
+def _note(text: str) -> None:
+    errors.print(f"[dim]{escape(text)}[/]", soft_wrap=True)
+
+
 @contextlib.contextmanager
 def _prefect_api() -> Iterator[Optional["LocalServer"]]:  # noqa: F821
-    """The Prefect API the release reports to: the configured one, else a local server for this run.
+    """The Prefect API the release reports to, so that its run is listed where the user looks for runs.
 
-    With PREFECT_API_URL set (in the environment or the active Prefect profile), the run goes there, as
-    before. Without it, instead of Prefect's temporary server (which prints to this terminal and is
-    stopped at exit), a ``prefect server start`` in the same PREFECT_HOME serves this run only; its log
-    is a file in PREFECT_HOME, kept only when it holds an error, and pointed at when the error came
-    during the run.
+    In order: the API configured by PREFECT_API_URL (the environment or the active Prefect profile); else
+    the server ``make serve`` runs (127.0.0.1, port PREFECT_PORT or 4200), when it answers. Only when
+    neither answers, a ``prefect server start`` in the same PREFECT_HOME serves this run alone (instead of
+    Prefect's temporary server, which prints to this terminal and is stopped at exit), and one line says
+    so; its log is a file in PREFECT_HOME, kept only when it holds an error, and pointed at when the
+    error came during the run. Client retries are bounded (``CLIENT_MAX_RETRIES``) unless
+    PREFECT_CLIENT_MAX_RETRIES is set: a server that dies mid-run is reported within seconds, and what
+    happened to the release is then read from the audit store.
     """
-    from prefect.settings import PREFECT_API_URL, get_current_settings, temporary_settings
+    from prefect.settings import (
+        PREFECT_API_URL,
+        PREFECT_CLIENT_MAX_RETRIES,
+        get_current_settings,
+        temporary_settings,
+    )
 
     from kepsilon.local_server import LocalServer
+    from kepsilon.orchestrator import api_answers as _answers
 
     settings = get_current_settings()
-    if settings.api.url:
-        yield None
+    bounded = {} if "PREFECT_CLIENT_MAX_RETRIES" in os.environ else {PREFECT_CLIENT_MAX_RETRIES: CLIENT_MAX_RETRIES}
+    configured = settings.api.url
+    if configured and _answers(configured):
+        with temporary_settings(updates=bounded):
+            yield None
         return
+    if not configured and _answers(_serve_api_url()):
+        _note(f"Prefect server: {_serve_api_url().removesuffix('/api')} (make serve); the run is listed in its UI")
+        with temporary_settings(updates={PREFECT_API_URL: _serve_api_url(), **bounded}):
+            yield None
+        return
+    if configured:
+        _note(f"the Prefect server at {configured} (PREFECT_API_URL) does not answer; "
+              "this run uses a local Prefect server of its own, stopped when the run ends")
+    else:
+        _note(f"no Prefect server configured (PREFECT_API_URL) or answering at {_serve_api_url()} (make serve); "
+              "this run uses a local Prefect server of its own, stopped when the run ends")
     stamp = datetime.now(timezone.utc).strftime("%Y%m%dT%H%M%S")
     log_path = Path(settings.home).expanduser() / f"kepsilon-release-server-{stamp}-{os.getpid()}.log"
     server = LocalServer(log_path, startup_timeout=max(60, settings.server.ephemeral.startup_timeout_seconds))
@@ -123,7 +168,7 @@ def _prefect_api() -> Iterator[Optional["LocalServer"]]:  # noqa: F821
     except RuntimeError as failure:
         raise RuntimeError(f"{failure}; its log: {log_path}") from None
     try:
-        with temporary_settings(updates={PREFECT_API_URL: server.api_url}):
+        with temporary_settings(updates={PREFECT_API_URL: server.api_url, **bounded}):
             yield server
     finally:
         server.stop()
@@ -138,17 +183,68 @@ def _prefect_api() -> Iterator[Optional["LocalServer"]]:  # noqa: F821
             log_path.unlink(missing_ok=True)
 
 
+class _PrintedAbove:
+    """Stands in for a Prefect console handler's console: renders a log line with it (level colours, links),
+    then prints the result through ``target``, the console whose live display draws the bars."""
+
+    def __init__(self, renderer: Console, target: Console):
+        self.renderer = renderer
+        self.target = target
+
+    def print(self, message, soft_wrap: bool = True) -> None:
+        from rich.text import Text
+
+        with self.renderer.capture() as captured:
+            self.renderer.print(message, soft_wrap=soft_wrap)
+        self.target.print(Text.from_ansi(captured.get().rstrip("\n")), soft_wrap=soft_wrap)
+
+
 class StageBars:
     """Progress bars at the terminal, one per stage of a release with partitions (``tasks/progress.py``).
 
-    Drawn only once a stage starts, so a release that reports no stage (the memory engine today) prints
-    exactly what it printed before.
+    Drawn only once a stage starts, so a release that reports no stage prints exactly what it printed
+    before. While the bars are live, Prefect's log lines are printed above them by the same rich console
+    (:meth:`_route_logs_above_bars`): written straight to the terminal, as Prefect's handlers do, they
+    land inside the bar block, which rich then redraws below them, once per line.
     """
 
     def __init__(self, console: Console):
         self.console = console
         self.progress = None
         self.bars: dict[str, int] = {}
+        self._rerouted: list[tuple[object, object]] = []
+
+    def _route_logs_above_bars(self) -> None:
+        """Have Prefect's terminal handlers print through the console that draws the bars.
+
+        On a terminal, rich's live display prints what goes through its own console above the bars (and
+        replaces ``sys.stderr`` with a proxy that does the same). Prefect's console handler has a rich
+        console of its own, which writes straight to the terminal, so it is given one that renders the
+        line as before (its colours) and prints it through ours; its stream handler for Prefect's internal
+        errors gets the proxy. Undone by ``_restore_log_streams`` when the bars close.
+        """
+        from prefect.logging.handlers import PrefectConsoleHandler
+        from rich.file_proxy import FileProxy
+
+        proxy = sys.stderr
+        if not isinstance(proxy, FileProxy):  # not a terminal: nothing is redrawn, nothing to route
+            return
+        for handler in _console_handlers():
+            if isinstance(handler, PrefectConsoleHandler):
+                self._rerouted.append((handler, handler.console))
+                handler.console = _PrintedAbove(handler.console, self.console)
+            else:
+                self._rerouted.append((handler, handler.setStream(proxy)))
+
+    def _restore_log_streams(self) -> None:
+        from prefect.logging.handlers import PrefectConsoleHandler
+
+        for handler, original in reversed(self._rerouted):
+            if isinstance(handler, PrefectConsoleHandler):
+                handler.console = original
+            else:
+                handler.setStream(original)
+        self._rerouted.clear()
 
     def stage_started(self, name: str, total: int) -> None:
         from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
@@ -159,6 +255,7 @@ class StageBars:
                 TimeElapsedColumn(), console=self.console,
             )
             self.progress.start()
+            self._route_logs_above_bars()
         self.bars[name] = self.progress.add_task(name, total=total)
 
     def stage_advanced(self, name: str, done: int, total: int) -> None:
@@ -170,6 +267,7 @@ class StageBars:
 
     def close(self) -> None:
         if self.progress is not None:
+            self._restore_log_streams()
             self.progress.stop()
 
 
@@ -209,6 +307,67 @@ def _crashed(failure: Exception, quiet: RefusalTracebacks, debug: bool) -> None:
     raise typer.Exit(code=1)
 
 
+def _workers_log_to_the_run_only() -> None:
+    """Keep the processes this run starts (a Dask LocalCluster's workers) from printing INFO lines here.
+
+    They inherit this terminal and print with consoles of their own, which no live display can route:
+    their per-task lines landed inside the bar block. Their log still reaches the flow run on the server,
+    and the bars show their progress; warnings and errors still print. Set after this process configured
+    its own logging (importing the flow did), so that only processes started from now on read it; an
+    operator's own PREFECT_LOGGING_HANDLERS_CONSOLE_LEVEL wins.
+    """
+    os.environ.setdefault("PREFECT_LOGGING_HANDLERS_CONSOLE_LEVEL", "WARNING")
+
+
+def _orchestrator_lost(watch) -> bool:
+    """Whether the Prefect server of this run stopped answering (``watch``: the run's ``ConnectionNoise``).
+
+    Asked once, as the flow ends, while a server of the CLI's own is still up; the answer is kept in
+    ``watch.lost`` for the lines printed after that server is stopped.
+    """
+    from kepsilon.orchestrator import api_answers
+
+    if watch is not None and not watch.lost and not api_answers(watch.api_url):
+        watch.lost = True
+    return watch is not None and watch.lost
+
+
+def _talking_to_prefect_failed(failure: BaseException) -> bool:
+    """Whether ``failure`` (or what caused it) is the Prefect client failing to reach or hear its server."""
+    import httpx
+
+    seen = set()
+    while failure is not None and id(failure) not in seen:
+        seen.add(id(failure))
+        if isinstance(failure, httpx.TransportError):
+            return True
+        failure = failure.__cause__ or failure.__context__
+    return False
+
+
+def _drop_undeliverable() -> None:
+    from kepsilon.orchestrator import discard_undeliverable
+
+    discard_undeliverable()
+
+
+def _told_by_the_store(release_id: str, started: str, store: Path, why: str = "the Prefect server stopped answering") -> None:
+    """The run's Prefect server is gone: one line with the release's outcome as the audit store records it.
+
+    Prefect's answer (a ConnectError, a flow run left Running) says nothing about the release, which
+    runs in this process and does not need the server; the store says whether it was published.
+    """
+    from kepsilon.orchestrator import store_outcome
+
+    outcome = store_outcome(store, release_id, started)
+    style = "bold green" if outcome.state == "published" else "bold red"
+    errors.print(
+        f"[{style}]{escape(why)}; the audit store says:[/] {escape(outcome.line)}",
+        soft_wrap=True,
+    )
+    raise typer.Exit(code=outcome.exit_code)
+
+
 @app.command()
 def release(
     spec_path: Path = typer.Argument(..., metavar="SPEC.yaml", help="release spec (YAML)"),
@@ -222,33 +381,60 @@ def release(
 ) -> None:
     """Run the governed-release flow on SPEC.yaml and print the release summary.
 
-    The flow reports to the Prefect API configured by PREFECT_API_URL; without one, to a local Prefect
-    server started for this run in PREFECT_HOME (no UI, no scheduler), stopped when the run is over.
+    The flow reports to the Prefect API configured by PREFECT_API_URL, else to the server of `make serve`
+    (127.0.0.1, port PREFECT_PORT or 4200); when neither answers, to a local Prefect server started for this
+    run in PREFECT_HOME (no UI, no scheduler), stopped when the run is over. If the server stops answering
+    during the run, the outcome printed is the audit store's (docs/cli-and-server.md).
     """
+    from kepsilon.audit.store import now, store_path
     from kepsilon.flows.spec import load_spec
 
     if db is not None:
         os.environ["KEPSILON_AUDIT_DB"] = str(db)
+    if not debug:
+        # Prefect's log shipper writes "--- Error logging to API ---" to stderr itself when its server is
+        # gone, unless logging's own error reporting is off; the outcome line says what matters.
+        logging.raiseExceptions = False
     quiet = RefusalTracebacks()
+    lost = None
+    started = now()
     try:
         spec = load_spec(
             spec_path, k=k, epsilon=epsilon, release_id=release_id, algorithm=algorithm, operator=operator
         )
         with _prefect_api() as local_server:
-            from kepsilon.flows.release import governed_release
+            from prefect.settings import get_current_settings
 
-            with contextlib.nullcontext() if debug else _console_filter(quiet), _stage_bars():
+            from kepsilon.flows.release import governed_release
+            from kepsilon.orchestrator import ConnectionNoise
+
+            _workers_log_to_the_run_only()
+
+            lost = ConnectionNoise(get_current_settings().api.url)
+            with contextlib.nullcontext() if debug else _console_filter(quiet), _console_filter(lost), _stage_bars():
                 try:
                     manifest = governed_release(spec)
                 finally:
-                    _flush_prefect_client()
-                    if local_server is not None:
-                        local_server.wait_until_recorded()
-                        local_server.run_ended()
+                    if _orchestrator_lost(lost):
+                        _drop_undeliverable()
+                    else:
+                        _flush_prefect_client()
+                        if local_server is not None:
+                            local_server.wait_until_recorded()
+                            local_server.run_ended()
     except KepsilonError as failure:
+        if lost is not None and lost.lost:
+            _told_by_the_store(spec.release_id, started, store_path())
         _refused(failure, debug)
     except Exception as failure:
+        if lost is not None and (lost.lost or _talking_to_prefect_failed(failure)):
+            if debug:
+                traceback.print_exception(failure, file=sys.stderr)
+            why = "the Prefect server stopped answering" if lost.lost else f"the Prefect client failed ({type(failure).__name__})"
+            _told_by_the_store(spec.release_id, started, store_path(), why)
         _crashed(failure, quiet, debug)
+    if lost is not None and lost.lost:
+        _told_by_the_store(spec.release_id, started, store_path())
     if manifest.get("already_published"):
         where = manifest["published_at"] if manifest.get("folder_present") else f"{manifest['published_at']} (folder no longer there)"
         console.print(

@@ -177,8 +177,12 @@ class LocalServer:
 
 
 @contextlib.contextmanager
-def prefect_server(home: Path) -> Iterator[dict]:
-    """A real local Prefect server with its own PREFECT_HOME; yields the env a client needs."""
+def prefect_server(home: Path, started: list | None = None) -> Iterator[dict]:
+    """A real local Prefect server with its own PREFECT_HOME; yields the env a client needs.
+
+    ``started``, if given, receives the server's ``Popen`` (its own process group): a reliability
+    scenario kills it under a running release.
+    """
     home.mkdir(parents=True, exist_ok=True)
     port = free_port()
     env = {
@@ -195,6 +199,8 @@ def prefect_server(home: Path) -> Iterator[dict]:
             [str(BIN / "prefect"), "server", "start", "--host", "127.0.0.1", "--port", str(port)],
             cwd=home, env=env, stdout=log, stderr=subprocess.STDOUT, start_new_session=True,
         )
+        if started is not None:
+            started.append(server)
         try:
             wait_healthy(env["PREFECT_API_URL"], process=server)
             yield env

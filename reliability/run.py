@@ -20,11 +20,13 @@ from .harness import Results, prefect_server, scratch
 from .private_store import private_store_scenario
 from .scenarios import (
     FAULT_POINTS,
+    ORCHESTRATOR_KILL_POINTS,
     bad_day_scenario,
     bad_input_scenario,
     fault_scenario,
     leak_scenario,
     noise_scenario,
+    orchestrator_death,
     race_scenario,
     sample_source,
     subprocess_cli,
@@ -89,6 +91,14 @@ def run_all(args) -> tuple[Results, list[dict], dict, dict[str, float], list[dic
     start = time.monotonic()
     noise_scenario(results, args.noise_samples)
     timings["noise"] = time.monotonic() - start
+
+    # Each kill needs a server of its own (it is killed): one at a time.
+    start = time.monotonic()
+    orchestrator = [orchestrator_death(results, base / "orchestrator", small, point) for point in ORCHESTRATOR_KILL_POINTS]
+    timings["orchestrator lost"] = time.monotonic() - start
+    results.counts["Prefect server killed under a release"] = (
+        "; ".join(f"at {row['point']}: store {row['store']}, exit {row['exit']}, {row['seconds']} s after the kill"
+                  for row in orchestrator))
     return _finish(results, base), bad_table, leak_matrix, timings, bad_day
 
 

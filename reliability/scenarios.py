@@ -1000,3 +1000,89 @@ def bad_day_scenario(results: Results, env: dict, base: Path, source: Path, lock
     table = [row for rows_ in tables for row in rows_]
     results.counts["bad-day scenarios"] = f"{len(table)} (lock waits {', '.join(f'{s:g} s' for s in lock_seconds)}, busy timeout {busy_timeout:g} s)"
     return table
+
+
+# --- 8. The orchestrator dies under a release (issue 24, item 2) ------------------------------------
+
+ORCHESTRATOR_CATEGORY = "orchestrator lost"
+# Where the Prefect server is killed: with ε reserved (no noise yet), with the noise drawn, and with the
+# release completely staged but its record not yet committed.
+ORCHESTRATOR_KILL_POINTS = ("after-reservation", "after-noise", "before-audit-commit")
+STORE_SAYS = "the audit store says:"
+
+
+def _store_state(db: Path, release_id: str) -> str:
+    """What the store records for ``release_id``, read here independently of the CLI's own reading."""
+    outcomes = [o for (o,) in rows(db, "SELECT outcome FROM releases WHERE release_id = ? ORDER BY id", (release_id,))]
+    if "published" in outcomes:
+        return "published"
+    if "failed" in outcomes:
+        return "failed"
+    open_reservations = rows(db, "SELECT COUNT(*) FROM ledger r WHERE r.release_id = ? AND r.kind = 'reserve' AND NOT EXISTS "
+                                 "(SELECT 1 FROM ledger v WHERE v.reservation_id = r.id AND v.kind = 'void')", (release_id,))
+    return "reserved" if open_reservations and open_reservations[0][0] else "nothing"
+
+
+def orchestrator_death(results: Results, base: Path, source: Path, point: str, max_seconds: float = 90) -> dict:
+    """A release held at ``point`` while its Prefect server is SIGKILLed (with its process group), then let go.
+
+    The release runs in the CLI's process and does not need the server: what the CLI tells the user must
+    be what the audit store records — published (and where), failed (recorded) or still reserved — in one
+    line, with the matching exit code, no traceback, and within ``max_seconds`` of the kill (Prefect's own
+    retries used to take about four minutes and end in ``release failed: ConnectError``).
+    """
+    import signal
+
+    from .harness import prefect_server
+
+    name = f"server killed at {point}"
+    work = base / re.sub(r"[^a-z0-9]+", "-", name)
+    work.mkdir(parents=True, exist_ok=True)
+    check = lambda what, ok, detail="": results.add(ORCHESTRATOR_CATEGORY, f"{name}: {what}", ok, detail)  # noqa: E731
+    servers: list = []
+    release_id = f"orchestrator-{point}"
+    spec = write_spec(work, spec_dict(work, release_id, source={"path": str(source), "delimiter": ";"}, **NO_BUDGET_FAILURES))
+    hold = work / "hold"
+    with prefect_server(work / "prefect", started=servers) as server_env:
+        env = {**store_env(server_env, work), "KEPSILON_HOLD_AT": point, "KEPSILON_HOLD_FILE": str(hold),
+               "KEPSILON_REPORTS_DIR": str(work / "reports")}
+        env.pop("KEPSILON_DEFAULT_CAP", None)
+        set_cap(env, work, 10.0)
+        process = subprocess.Popen([str(BIN / "kepsilon"), "release", str(spec)], cwd=work, env=env,
+                                   stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+        reached = hold.with_name("hold.reached")
+        deadline = time.monotonic() + 600
+        while not reached.exists() and process.poll() is None and time.monotonic() < deadline:
+            time.sleep(0.05)
+        check("the release reached the point", reached.exists())
+        os.killpg(servers[0].pid, signal.SIGKILL)
+        servers[0].wait()
+        killed = time.monotonic()
+        hold.touch()
+        try:
+            out, err = process.communicate(timeout=600)
+        except subprocess.TimeoutExpired:
+            process.kill()
+            out, err = process.communicate()
+        seconds = time.monotonic() - killed
+    lines = [line for line in (out + err).splitlines() if STORE_SAYS in line]
+    said = lines[0].split(STORE_SAYS, 1)[1].strip() if len(lines) == 1 else ""
+    state = _store_state(work / "audit.db", release_id)
+    told = {"published": " published at ", "failed": " failed, recorded", "reserved": " stays reserved",
+            "nothing": "nothing reserved"}[state]
+    check("one line saying what the store records", len(lines) == 1 and told in said,
+          f"store: {state}; CLI: {_flat(err)[-300:]}")
+    if state == "published":
+        folder = work / "out" / release_id
+        check("the line names the published folder, which holds the manifest",
+              str(folder) in said and (folder / "manifest.json").exists(), said[:200])
+    check("exit code matches the store (0 published, 2 otherwise)",
+          process.returncode == (0 if state == "published" else 2), f"exit {process.returncode}, store {state}")
+    (work / "cli-output.txt").write_text(out + "\n--- stderr ---\n" + err, encoding="utf-8")
+    check("no traceback, no 'release failed'", "Traceback" not in out + err and "release failed" not in err,
+          _flat(err)[-200:])
+    check(f"answered within {max_seconds:g} s of the kill", seconds < max_seconds, f"{seconds:.1f} s")
+    figures = _figures(work / "audit.db")
+    check("at most one reservation and one spend", figures["reserves"] <= 1 and figures["spent"] <= 1.0,
+          f"reserves {figures['reserves']}, spent {figures['spent']}")
+    return {"point": point, "store": state, "exit": process.returncode, "seconds": round(seconds, 1), "line": said}

@@ -234,17 +234,55 @@ def _group_sizes(sizes: np.ndarray, k: int, size: _Size) -> bytes:
     return _png(figure, size)
 
 
+# Above this many groups a scatter is a blot: the error figure shows how many groups fall in each cell instead.
+SCATTER_LIMIT = 2000
+
+
+def _percent_log_axis(axis, low: float, high: float) -> None:
+    """Label a log axis spanning ``low``–``high`` as percentages ("2 %", "10 %"), the minor ticks unlabelled:
+    at 1, 2 and 5 per decade over up to two decades, at the powers of ten over more.
+
+    Matplotlib's default labels minor ticks of a log axis spanning less than a decade with ``3×10⁻²``-style
+    text, which overlaps; a few short labels per decade never do at the figure's width.
+    """
+    from matplotlib.ticker import FuncFormatter, LogLocator, NullFormatter
+
+    decades = np.log10(high / low) if low > 0 and high > low else 1.0
+    axis.set_major_locator(LogLocator(base=10, subs=(1.0, 2.0, 5.0) if decades <= 2 else (1.0,)))
+    axis.set_major_formatter(FuncFormatter(lambda value, _: f"{100 * value:.3g} %"))
+    axis.set_minor_formatter(NullFormatter())
+
+
 def _error_by_group(predicted: np.ndarray, measured: np.ndarray, size: _Size) -> bytes:
-    """Per class with noise: measured against predicted relative error (log–log), with the diagonal."""
+    return _png(error_by_group_figure(predicted, measured, size), size)
+
+
+def error_by_group_figure(predicted: np.ndarray, measured: np.ndarray, size: _Size):
+    """Per class with noise: measured against predicted relative error (log–log), with the diagonal.
+
+    Up to ``SCATTER_LIMIT`` groups one point each; above it a log-scaled count of groups per hexagonal cell,
+    so that thousands of groups read as a distribution rather than overprinted points.
+    """
     figure, axes = plt.subplots(figsize=size.figsize(5.5, 5))
     shown = (predicted > 0) & (measured > 0)
-    axes.scatter(predicted[shown], measured[shown], s=8, alpha=0.5)
+    groups = int(shown.sum())
+    if groups > SCATTER_LIMIT:
+        cells = axes.hexbin(predicted[shown], measured[shown], xscale="log", yscale="log", gridsize=35,
+                            bins="log", mincnt=1, cmap="Blues", linewidths=0.2)
+        from matplotlib.ticker import FuncFormatter
+
+        figure.colorbar(cells, ax=axes, label="groups in the cell", format=FuncFormatter(lambda value, _: f"{value:g}"))
+    else:
+        axes.scatter(predicted[shown], measured[shown], s=8, alpha=0.5)
+    low, high = 0.01, 1.0
     if shown.any():
         low = min(np.min(predicted[shown]), np.min(measured[shown]))
         high = max(np.max(predicted[shown]), np.max(measured[shown]))
         axes.plot([low, high], [low, high], color="grey", linestyle="--", linewidth=1, label="measured = predicted")
         axes.legend(fontsize=8)
     axes.set(xscale="log", yscale="log", xlabel="predicted relative error", ylabel="measured relative error",
-             title=f"Per group ({int(shown.sum())} groups with noise)")
+             title=f"Per group ({groups} groups with noise)")
+    _percent_log_axis(axes.xaxis, low, high)
+    _percent_log_axis(axes.yaxis, low, high)
     axes.grid(True, which="both", alpha=0.3)
-    return _png(figure, size)
+    return figure

@@ -1,5 +1,6 @@
-"""Shared fixtures: paths to the bundled data and a small, valid release spec."""
+"""Shared fixtures: paths to the bundled data, a small valid release spec, one Prefect server per session."""
 
+import os
 from pathlib import Path
 
 import pytest
@@ -7,6 +8,12 @@ import pytest
 ROOT = Path(__file__).resolve().parent.parent
 SYNTHETIC = ROOT / "data" / "paper-synthetic"
 ADULT = ROOT / "data" / "adult"
+
+# `kepsilon release` without PREFECT_API_URL looks for `make serve`'s server at 127.0.0.1:PREFECT_PORT
+# (default 4200). A test must never report to a developer's own server: port 1 never answers here, so
+# a CLI run without an API starts its own server as it would on a machine without `make serve`.
+# Tests of that lookup set PREFECT_PORT themselves.
+os.environ["PREFECT_PORT"] = "1"
 
 
 def release_spec_dict(name: str, **changes) -> dict:
@@ -51,3 +58,17 @@ def capped_store(tmp_path, monkeypatch, population: str):
     db = open_store(path)
     set_cap(db, population, 5.0, by="test-officer", reason="test cap")
     return db
+
+
+@pytest.fixture(scope="session")
+def prefect_server_env(tmp_path_factory) -> dict:
+    """One real local Prefect server (with its UI) for every CLI run of the session that needs one.
+
+    Yields the environment a ``kepsilon`` subprocess needs to report there (PREFECT_API_URL,
+    PREFECT_HOME, telemetry off). Starting a server costs about 15 s on a loaded machine: the CLI tests
+    used to start one per run. A test that kills its server (reliability) starts its own.
+    """
+    from kepsilon.local_server import prefect_server
+
+    with prefect_server(tmp_path_factory.mktemp("session-prefect")) as env:
+        yield env

@@ -1,17 +1,20 @@
 """What ``kepsilon release`` prints, run as a user runs it: a subprocess on the bundled sample.
 
-A success prints no ERROR and no traceback (it used to, now and then, when Prefect's temporary server
-shut down); a refusal prints its reason as one line with exit code 2 and no traceback (it used to print
-Prefect's two tracebacks first), ``--debug`` adds the traceback; a crash still shows what failed and
-where. With no Prefect API configured, the command runs its flow against a local server it starts and
-stops itself: the test checks that the server is gone afterwards and left no log of a clean run.
-Each case starts a Prefect server (about 15 s).
+A success prints no ERROR and no traceback; a refusal prints its reason as one line with exit code 2 and
+no traceback (it used to print Prefect's two tracebacks first), ``--debug`` adds the traceback; a crash
+still shows what failed and where. Where the run reports: to the configured Prefect server (its flow
+runs list it), else to the server ``make serve`` runs at 127.0.0.1:PREFECT_PORT, else to a local server
+the command starts and stops itself, saying so — the test checks that one is gone afterwards and left no
+log of a clean run. Every run but those of the last kind shares the session's Prefect server.
 """
 
+import json
 import os
 import re
+import socket
 import subprocess
 import sys
+import time
 import urllib.request
 
 import pytest
@@ -24,32 +27,31 @@ pytestmark = pytest.mark.server
 KEPSILON = str(ROOT / ".venv" / "bin" / "kepsilon") if (ROOT / ".venv" / "bin" / "kepsilon").exists() else "kepsilon"
 POPULATION = "cli-output-people"
 SUCCESS_RUNS = int(os.environ.get("KEPSILON_CLI_OUTPUT_RUNS", "3"))
+OWN_SERVER_RUNS = int(os.environ.get("KEPSILON_CLI_OWN_SERVER_RUNS", "1"))
 
 
 @pytest.fixture(scope="module")
-def workspace(tmp_path_factory):
-    """A spec publishing under a temporary folder, its own audit store, seed key and PREFECT_HOME; cap 10."""
+def workspace(tmp_path_factory, prefect_server_env):
+    """A spec publishing under a temporary folder, its own audit store and seed key, cap 10; the CLI's
+    environment points at the session's Prefect server."""
     work = tmp_path_factory.mktemp("cli-output")
     spec = release_spec_dict("paper-synthetic", release_id="cli-output", population_id=POPULATION,
                              output_dir=str(work / "out"))
     (work / "spec.yaml").write_text(yaml.safe_dump(spec, sort_keys=False), encoding="utf-8")
-    env = {**os.environ, "PREFECT_HOME": str(work / "prefect"), "KEPSILON_AUDIT_DB": str(work / "audit.db"),
-           "KEPSILON_SEED_KEY_FILE": str(work / "seed.key"), "PREFECT_SERVER_EPHEMERAL_STARTUP_TIMEOUT_SECONDS": "120",
-           "PREFECT_SERVER_ANALYTICS_ENABLED": "false", "PREFECT_RESULTS_PERSIST_BY_DEFAULT": "false",
-           "DO_NOT_TRACK": "1"}
-    # No configured API: the path under test is the one a user without a Prefect server takes.
-    for name in ("PREFECT_API_URL", "KEPSILON_SEED_KEY", "KEPSILON_DEFAULT_CAP", "KEPSILON_FAULT_AT"):
-        env.pop(name, None)
+    env = {**prefect_server_env, "KEPSILON_AUDIT_DB": str(work / "audit.db"),
+           "KEPSILON_SEED_KEY_FILE": str(work / "seed.key"), "KEPSILON_REPORTS_DIR": str(work / "reports")}
+    for name in ("KEPSILON_SEED_KEY", "KEPSILON_DEFAULT_CAP", "KEPSILON_FAULT_AT", "DO_NOT_TRACK"):
+        env.pop(name, None)  # DO_NOT_TRACK unset: the CLI sets it itself (no telemetry banner)
     capped = subprocess.run([KEPSILON, "audit", "set-cap", POPULATION, "10", "--by", "tester", "--reason", "test"],
                             env=env, cwd=work, capture_output=True, text=True)
     assert capped.returncode == 0, capped.stderr
     return work, env
 
 
-def run(workspace, *args, command=None):
-    work, env = workspace
-    done = subprocess.run(command or [KEPSILON, "release", str(work / "spec.yaml"), *args], env=env, cwd=work,
-                          capture_output=True, text=True, timeout=300)
+def run(workspace, *args, command=None, env=None):
+    work, base_env = workspace
+    done = subprocess.run(command or [KEPSILON, "release", str(work / "spec.yaml"), *args], env=env or base_env,
+                          cwd=work, capture_output=True, text=True, timeout=300)
     return done.returncode, done.stdout, done.stderr
 
 
@@ -66,17 +68,77 @@ def server_is_gone(output: str) -> bool:
     return True
 
 
+def flow_run_on(api_url: str, output: str, seconds: float = 30) -> dict:
+    """The flow run the CLI's 'View at' line names, as the server at ``api_url`` lists it, once finished."""
+    ids = re.findall(r"View at http://[^/]+/runs/flow-run/([0-9a-f-]{36})", output)
+    assert len(ids) == 1, output
+    request = urllib.request.Request(f"{api_url}/flow_runs/filter", method="POST",
+                                     data=json.dumps({"flow_runs": {"id": {"any_": ids}}}).encode(),
+                                     headers={"Content-Type": "application/json"})
+    deadline = time.monotonic() + seconds
+    while True:
+        with urllib.request.urlopen(request, timeout=10) as response:
+            runs = json.loads(response.read())
+        if runs and (runs[0]["state_type"] == "COMPLETED" or time.monotonic() > deadline):
+            return runs[0] if runs else {}
+        if not runs and time.monotonic() > deadline:
+            return {}
+        time.sleep(0.5)
+
+
+def closed_port() -> int:
+    with socket.socket() as probe:
+        probe.bind(("127.0.0.1", 0))
+        return probe.getsockname()[1]
+
+
 @pytest.mark.parametrize("attempt", range(SUCCESS_RUNS))
-def test_a_successful_release_prints_no_error_and_no_traceback(workspace, attempt):
+def test_a_successful_release_is_listed_by_the_configured_server_and_prints_no_error(workspace, attempt):
+    work, env = workspace
     code, out, err = run(workspace, "--release-id", f"cli-ok-{attempt}")
     assert code == 0, err
     assert "records published" in out
     for text in (out, err):
         assert "Traceback" not in text, text
         assert "ERROR" not in text, text
+        assert "Prefect collects anonymous usage data" not in text  # the CLI sets DO_NOT_TRACK itself
+    assert "local Prefect server of its own" not in err  # a configured server that answers is used
+    listed = flow_run_on(env["PREFECT_API_URL"], err)
+    assert listed.get("state_type") == "COMPLETED", listed
+    assert listed["parameters"]["spec"]["release_id"] == f"cli-ok-{attempt}"
+    assert not list((work / "prefect").glob("kepsilon-release-server-*.log")), "no server of its own, no log"
+
+
+def test_without_prefect_api_url_the_release_goes_to_the_make_serve_server(workspace):
+    """`make serve` sets no PREFECT_API_URL for the user's shell: the CLI finds it at 127.0.0.1:PREFECT_PORT."""
+    work, env = workspace
+    port = env["PREFECT_API_URL"].split(":")[2].split("/")[0]
+    found = {**env, "PREFECT_PORT": port}
+    found.pop("PREFECT_API_URL")
+    code, out, err = run(workspace, "--release-id", "cli-serve", env=found)
+    assert code == 0, err
+    assert f"Prefect server: http://127.0.0.1:{port} (make serve)" in err
+    assert flow_run_on(env["PREFECT_API_URL"], err).get("state_type") == "COMPLETED"
+
+
+@pytest.mark.parametrize("attempt", range(OWN_SERVER_RUNS))
+@pytest.mark.parametrize("configured", [False, True], ids=["none configured", "configured one down"])
+def test_with_no_server_answering_the_cli_runs_its_own_says_so_and_stops_it(workspace, configured, attempt):
+    work, env = workspace
+    alone = {**env, "PREFECT_PORT": str(closed_port()), "PREFECT_HOME": str(work / "own-prefect"),
+             "PREFECT_SERVER_EPHEMERAL_STARTUP_TIMEOUT_SECONDS": "120"}
+    alone.pop("PREFECT_API_URL")
+    if configured:
+        alone["PREFECT_API_URL"] = f"http://127.0.0.1:{closed_port()}/api"
+    code, out, err = run(workspace, "--release-id", f"cli-own-{configured:d}-{attempt}", env=alone)
+    assert code == 0, err
+    notes = [line for line in err.splitlines() if "local Prefect server of its own" in line]
+    assert len(notes) == 1, err
+    assert ("does not answer" in notes[0]) == configured and ("no Prefect server configured" in notes[0]) != configured
+    for text in (out, err):
+        assert "Traceback" not in text and "ERROR" not in text, text
     assert server_is_gone(err)
-    work, _ = workspace
-    assert not list((work / "prefect").glob("kepsilon-release-server-*.log")), "a clean run keeps no server log"
+    assert not list((work / "own-prefect").glob("kepsilon-release-server-*.log")), "a clean run keeps no server log"
 
 
 def _only_line(err: str, prefix: str) -> str:
@@ -92,7 +154,6 @@ def test_a_refusal_over_the_cap_prints_one_line_and_no_traceback(workspace):
     line = _only_line(err, "release refused:")
     assert POPULATION in line and "exceeds the remaining budget" in line
     assert "Traceback" not in err + out
-    assert server_is_gone(err)
 
 
 def test_a_refusal_for_an_unknown_column_prints_one_line_and_no_traceback(workspace):
@@ -131,7 +192,6 @@ def test_a_crash_still_says_what_failed_and_where(workspace):
     assert code == 1
     assert "Traceback" in err and "in crash" in err
     assert _only_line(err, "release failed:") == "release failed: RuntimeError: simulated crash while reading"
-    assert server_is_gone(err)
 
 
 def test_a_failed_gate_says_failed_and_that_its_epsilon_is_spent(workspace):
@@ -147,3 +207,122 @@ def test_a_failed_gate_says_failed_and_that_its_epsilon_is_spent(workspace):
     assert "prosecutor_risk" in line and "its ε is spent" in line
     assert "release refused:" not in err and "Traceback" not in err + out
     assert not (work / "out" / "cli-strict-gate").exists()
+
+
+# --- At a real terminal: tmux, 120 × 40 ---------------------------------------------------------------
+
+BAR = "━"
+LOG_MARK = re.compile(r"\| (INFO|WARNING|ERROR|CRITICAL|DEBUG) +\||Flow run '|Task run '")
+TELEMETRY_BANNER = "Prefect collects anonymous usage data"
+
+
+def run_in_tmux(workspace, tmp_path, spec_path, release_id: str, timeout: float = 300) -> str:
+    """Run ``kepsilon release`` in a detached tmux pane of 120 × 40 (a real terminal); return its whole history.
+
+    A tmux server of its own (``-L``), started by this process, so the pane gets this environment: the
+    session's Prefect server, a fresh PREFECT_HOME (Prefect's telemetry banner shows once per home), and no
+    DO_NOT_TRACK (the CLI must set it).
+    """
+    import shutil
+
+    if shutil.which("tmux") is None:
+        pytest.skip("tmux is not installed (Debian: apt-get install tmux)")
+    work, env = workspace
+    socket_name = f"kepsilon-test-{os.getpid()}-{release_id}"
+    pane_env = {**env, "PREFECT_HOME": str(tmp_path / "prefect-home"), "TERM": "xterm-256color"}
+    pane_env.pop("DO_NOT_TRACK", None)
+    done = tmp_path / "exit-code"
+    script = tmp_path / "run.sh"
+    script.write_text(f"cd {work} && {KEPSILON} release {spec_path} --release-id {release_id}; echo $? > {done}.tmp; "
+                      f"mv {done}.tmp {done}; sleep 600\n", encoding="utf-8")
+    tmux = ["tmux", "-L", socket_name]
+    subprocess.run([*tmux, "-f", "/dev/null", "new-session", "-d", "-x", "120", "-y", "40", f"bash {script}"],
+                   env=pane_env, check=True)
+    try:
+        deadline = time.monotonic() + timeout
+        while not done.exists() and time.monotonic() < deadline:
+            time.sleep(0.5)
+        assert done.exists(), "the release did not end in time"
+        captured = subprocess.run([*tmux, "capture-pane", "-p", "-J", "-S", "-", "-E", "-"], env=pane_env,
+                                  capture_output=True, text=True, check=True).stdout
+    finally:
+        subprocess.run([*tmux, "kill-server"], env=pane_env, capture_output=True)
+    (tmp_path / "pane.txt").write_text(captured, encoding="utf-8")  # kept with pytest's temporary folders
+    assert done.read_text().strip() == "0", captured
+    return captured
+
+
+def assert_a_clean_terminal(captured: str) -> None:
+    lines = captured.splitlines()
+    glued = [line for line in lines if BAR in line and LOG_MARK.search(line)]
+    assert glued == [], "bars and log lines glued together:\n" + "\n".join(glued)
+    bars = [line.split()[0] for line in lines if BAR in line and not line.startswith(("┏", "┡", "└", "┃", "│"))]
+    assert bars, captured
+    assert len(bars) == len(set(bars)), f"the bar block was drawn {len(bars) / len(set(bars)):.1f} times: {bars}"
+    last_log = max(i for i, line in enumerate(lines) if LOG_MARK.search(line))
+    first_bar = min(i for i, line in enumerate(lines) if BAR in line)
+    assert first_bar > last_log, "the bars stay below the log, as one block"
+    assert TELEMETRY_BANNER not in captured
+    assert "records published" in captured
+
+
+def test_at_a_terminal_the_log_prints_above_one_block_of_bars(workspace, tmp_path):
+    """The bundled sample at a real terminal: eight stages, each bar drawn once, below every log line.
+
+    Before: Prefect's handler wrote straight to the terminal under rich's live display, which redrew the
+    whole bar block after every log line (23 copies) with log text glued to the bars; and a first run in a
+    fresh PREFECT_HOME printed Prefect's telemetry banner.
+    """
+    work, _ = workspace
+    captured = run_in_tmux(workspace, tmp_path, work / "spec.yaml", "cli-tty")
+    assert_a_clean_terminal(captured)
+    assert len([line for line in captured.splitlines() if BAR in line and "partitions" in line]) == 8
+
+
+@pytest.mark.heavy
+def test_at_a_terminal_a_dask_release_prints_no_telemetry_banner_and_clean_bars(workspace, tmp_path):
+    """The sample on the Dask engine (two worker processes, four partitions): the workers inherit the
+    CLI's DO_NOT_TRACK, so none prints Prefect's banner, and their stages' bars stay one block."""
+    work, _ = workspace
+    spec = yaml.safe_load((work / "spec.yaml").read_text(encoding="utf-8"))
+    spec["execution"] = {"engine": "dask", "workers": 2, "partitions": 4}
+    (work / "dask.yaml").write_text(yaml.safe_dump(spec, sort_keys=False), encoding="utf-8")
+    captured = run_in_tmux(workspace, tmp_path, work / "dask.yaml", "cli-tty-dask", timeout=600)
+    assert_a_clean_terminal(captured)
+    assert any(BAR in line and "4/4 partitions" in line for line in captured.splitlines())
+
+
+# --- What the CLI says when its server is gone: the store's reading of every outcome --------------------
+
+
+def test_the_store_outcome_line_for_failed_reserved_and_nothing(workspace, tmp_path, monkeypatch):
+    """``store_outcome`` reads each state a release can be left in (the kill scenarios of make reliability
+    end published): a failed gate recorded by a real run, an open reservation, and nothing at all."""
+    from kepsilon.audit.ledger import mark_noise_drawn, reserve
+    from kepsilon.audit.store import now
+    from kepsilon.orchestrator import store_outcome
+
+    from .conftest import capped_store
+
+    work, _ = workspace
+    spec = yaml.safe_load((work / "spec.yaml").read_text(encoding="utf-8"))
+    spec["max_prosecutor_risk"] = 0.01
+    (work / "strict-again.yaml").write_text(yaml.safe_dump(spec, sort_keys=False), encoding="utf-8")
+    since = now()
+    code, _, err = run(workspace, command=[KEPSILON, "release", str(work / "strict-again.yaml"),
+                                           "--release-id", "cli-strict-again"])
+    assert code == 2, err
+    failed = store_outcome(work / "audit.db", "cli-strict-again", since)
+    assert (failed.state, failed.exit_code) == ("failed", 2) and "prosecutor_risk" in failed.line, failed
+    assert store_outcome(work / "audit.db", "cli-strict-again", now()).state != "failed"  # an earlier run's failure
+
+    db = capped_store(tmp_path, monkeypatch, "outcome-people")
+    held = reserve(db, population_id="outcome-people", epsilon=0.5, idempotency_key="k-1", release_id="held",
+                   operator="tester")
+    reserved = store_outcome(tmp_path / "audit.db", "held", now())
+    assert (reserved.state, reserved.exit_code) == ("reserved", 2)
+    assert "ε 0.5 stays reserved (not yet spent" in reserved.line and "rerun the same release" in reserved.line
+    mark_noise_drawn(db, held.id)
+    assert "spent: its noise was drawn" in store_outcome(tmp_path / "audit.db", "held", now()).line
+    nothing = store_outcome(tmp_path / "audit.db", "never-ran", now())
+    assert (nothing.state, nothing.exit_code) == ("nothing", 2) and "no ε spent" in nothing.line

@@ -1,7 +1,8 @@
 """Reliability and security, one small real run of each category (``make reliability`` repeats them).
 
-Releases run through the real ``kepsilon`` command against one real local Prefect server started for
-this module; each scenario's checks are listed on failure. Scenarios live in ``reliability/scenarios.py``.
+Releases run through the real ``kepsilon`` command against the session's real local Prefect server
+(``prefect_server_env`` in conftest.py; the orchestrator scenario kills a server of its own); each
+scenario's checks are listed on failure. Scenarios live in ``reliability/scenarios.py``.
 """
 
 import os
@@ -13,16 +14,18 @@ from concurrent.futures import ThreadPoolExecutor
 import pytest
 
 from kepsilon.faults import ENV_FAULT_AT, fault_point
-from reliability.harness import Results, prefect_server
+from reliability.harness import Results
 from reliability.scenarios import (
     BAD_DAY_CATEGORY,
     FAULT_POINTS,
+    ORCHESTRATOR_CATEGORY,
     late_lock,
     bad_input_scenario,
     fault_scenario,
     inprocess_cli,
     leak_scenario,
     noise_scenario,
+    orchestrator_death,
     race_scenario,
     sample_source,
     tamper_scenario,
@@ -44,9 +47,8 @@ def base(tmp_path_factory):
 
 
 @pytest.fixture(scope="module")
-def server(base):
-    with prefect_server(base / "prefect") as env:
-        yield env
+def server(prefect_server_env):
+    return prefect_server_env
 
 
 @pytest.fixture(scope="module")
@@ -141,3 +143,15 @@ def test_private_files_are_owner_only_a_store_copy_is_no_oracle_and_a_shared_fol
     results = Results()
     private_store_scenario(results, server, base / "private-store", sample)
     assert_all_pass(results, CATEGORY, minimum=4)
+
+
+def test_when_the_prefect_server_dies_after_the_noise_the_cli_tells_what_the_store_records(base, sample):
+    """Short version of make reliability's three kills: the server SIGKILLed with the noise drawn.
+
+    The release goes on without it and is published; the CLI says so in one line from the audit store
+    (exit 0), instead of retrying for minutes and ending ``release failed: ConnectError``.
+    """
+    results = Results()
+    row = orchestrator_death(results, base / "orchestrator", sample, "after-noise")
+    assert_all_pass(results, ORCHESTRATOR_CATEGORY, minimum=7)
+    assert (row["store"], row["exit"]) == ("published", 0)
