@@ -36,10 +36,11 @@ then mostly ``v`` rounded to the grid (still post-processing of ``v + Lap(b)``).
 logarithm. The release is refused (``SpecError('epsilon')``) if ``Λ_a`` is less than
 ``2**SPACING_MARGIN_BITS`` times the float spacing (``np.spacing``) at the magnitude of any noised
 record's original or raw noisy value: then every grid cell spans at least 2^20 floats and the
-reachable-float pattern inside a cell is not visible in the output. In bounds mode the noisy value is
-finally clamped to the bounds rounded inwards to the grid, ``[L', U']``, so every output lies on the
-grid *and* inside ``[lower, upper]`` (clamping is post-processing). Zero-diameter classes are
-published unchanged, not snapped.
+reachable-float pattern inside a cell is not visible in the output. In both scale bases the noisy value
+is finally clamped to the bounds rounded inwards to the grid, ``[L', U']``, so every output lies on the
+grid *and* inside ``[lower, upper]`` (clamping is post-processing: it costs no ε, and the expected
+error of the clamped value is what the release predicts, ``metrics.expected_absolute_error``).
+Zero-diameter classes are published unchanged (their values, clamped to the bounds), not snapped.
 
 This is the snapping *idea*, not Mironov's mechanism with its proof: the Laplace draw is numpy's
 (inverse-CDF on a 53-bit uniform), whose own rounding is not analysed here.
@@ -323,10 +324,9 @@ def perturb(
         noisy = values.copy()
         noised = scale > 0
         _check_grid_resolution(column, grid, values[noised], raw[noised])
-        snapped = snap(raw[noised], grid)
-        if scale_basis == "bounds":
-            snapped = np.clip(snapped, inner_low, inner_high)
-        noisy[noised] = snapped
+        # Clamped to the bounds rounded inwards to the grid in both bases (post-processing): every
+        # published value lies on the grid and inside the public bounds.
+        noisy[noised] = np.clip(snap(raw[noised], grid), inner_low, inner_high)
         out[column] = pd.Series(noisy, index=frame.index, name=column)
         scales[column] = scale
         columns_report[column] = {
