@@ -253,6 +253,37 @@ def snap(raw: np.ndarray, grid) -> np.ndarray:
     return np.round(raw / grid) * grid
 
 
+NOISE_TAIL_SCALES = 64  # P(|Laplace(b)| > 64·b) = e^−64: the reach of a noisy value checked before any noise
+
+
+def check_noise_grid(e_quasis: Sequence[Any], epsilon_split: dict[str, float]) -> None:
+    """Refuse (``SpecError('epsilon')``), before any ε is reserved, an ε at which the noise of some ε-quasi
+    could not be published: its public grid wider than its bounds (ε too small), or finer than
+    ``2**SPACING_MARGIN_BITS`` float steps at the largest magnitude a value in the bounds plus its noise
+    reaches (``NOISE_TAIL_SCALES`` public scales; ε too large). Reads the spec only, never a value, so the
+    check that :func:`perturb` repeats on the drawn values passes whenever this one did (but for noise beyond
+    64 scales, probability e^−64)."""
+    for quasi in e_quasis:
+        column = quasi.column
+        epsilon = _checked_epsilon(column, epsilon_split)
+        lower, upper = _checked_bounds(quasi)
+        grid = public_grid(lower, upper, epsilon)
+        inner_low, inner_high = grid_bounds(lower, upper, grid)
+        if inner_low > inner_high:
+            raise SpecError(
+                "epsilon",
+                f"column {column!r}: ε is so small that the noise grid is wider than the bounds; use a larger ε "
+                "(or wider public bounds)",
+            )
+        reach = max(abs(lower), abs(upper)) + NOISE_TAIL_SCALES * (upper - lower) / epsilon
+        if grid < np.ldexp(np.spacing(reach), SPACING_MARGIN_BITS):
+            raise SpecError(
+                "epsilon",
+                f"column {column!r}: ε is so large that the noise grid is finer than the values' float precision "
+                f"(under 2^{SPACING_MARGIN_BITS} float steps); use a smaller ε",
+            )
+
+
 def _check_grid_resolution(column: str, grid: float, *magnitudes: np.ndarray) -> None:
     if not len(magnitudes[0]):
         return
