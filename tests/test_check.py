@@ -158,3 +158,15 @@ def test_a_scheduled_run_over_an_unchanged_source_publishes_nothing_and_spends_n
     third = governed_release(parse_spec({**synthetic_spec_dict, "release_id": "night-3", "rerelease_unchanged": True}))
     assert "unchanged_source" not in third and os.path.isdir(third["output_dir"])
     assert "content_key" not in json.load(open(os.path.join(third["output_dir"], "manifest.json")))
+
+
+def test_a_predicted_error_above_half_earns_a_warning_line_without_a_limit(store, synthetic_spec_dict):
+    """Issue 22: income published at 282 % error passed every check with no word. Heights declared 0–1000 at
+    ε = 0.05: the prediction is far above 50 %; no limit is set, so it warns and does not refuse."""
+    spec_dict = json.loads(json.dumps({**synthetic_spec_dict, "epsilon": 0.05}))
+    spec_dict["roles"]["e_quasi"][0].update(lower=0.0, upper=1000.0)
+    result = check_release(parse_spec(spec_dict), via="cli")
+    figure = verdict(result, "relative error of HEIGHT")["figure"]
+    assert figure > 0.5 and verdict(result, "relative error of HEIGHT")["success"] is True
+    (warning,) = result["predicted"]["warnings"]
+    assert warning.startswith(f"warning: predicted relative error of HEIGHT is {100 * figure:.2f} %")

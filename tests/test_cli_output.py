@@ -30,8 +30,9 @@ SUCCESS_RUNS = int(os.environ.get("KEPSILON_CLI_OUTPUT_RUNS", "3"))
 def workspace(tmp_path_factory):
     """A spec publishing under a temporary folder, its own audit store, seed key and PREFECT_HOME; cap 10."""
     work = tmp_path_factory.mktemp("cli-output")
+    # Several releases of the same source here: each is a new release, not "unchanged since the last one".
     spec = release_spec_dict("paper-synthetic", release_id="cli-output", population_id=POPULATION,
-                             output_dir=str(work / "out"))
+                             output_dir=str(work / "out"), rerelease_unchanged=True)
     (work / "spec.yaml").write_text(yaml.safe_dump(spec, sort_keys=False), encoding="utf-8")
     env = {**os.environ, "PREFECT_HOME": str(work / "prefect"), "KEPSILON_AUDIT_DB": str(work / "audit.db"),
            "KEPSILON_SEED_KEY_FILE": str(work / "seed.key"), "PREFECT_SERVER_EPHEMERAL_STARTUP_TIMEOUT_SECONDS": "120",
