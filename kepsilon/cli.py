@@ -9,7 +9,7 @@ What ``kepsilon release`` prints: Prefect's run log (with a progress bar per sta
 dask engine), then the release summary; for a release already
 published, one line saying where (exit code 0, nothing done); one line ``release refused: <reason>``
 (exit code 2) when the release stops on a KepsilonError before any ε is reserved — bad spec or input, ε
-over the cap, an id already published; one line ``release failed: <reason>`` (exit code 2) when it stopped
+over the cap, an id already published, a check before ε with its predicted figure and limit; one line ``release failed: <reason>`` (exit code 2) when it stopped
 after its ε was reserved — a failed check of the gate included (recorded, or the line says the
 reservation stands and a rerun resumes it).
 Tracebacks are kept off the console (``--debug`` shows them). Any other exception is a crash: its

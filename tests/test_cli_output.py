@@ -87,8 +87,19 @@ def _only_line(err: str, prefix: str) -> str:
     return lines[0]
 
 
+def greedy_spec(workspace) -> str:
+    """The workspace's spec with the gate's limits open, so that ε = 500 passes the checks before ε (its
+    predicted linking risk and suppression are far above the defaults) and meets the cap."""
+    work, _ = workspace
+    spec = yaml.safe_load((work / "spec.yaml").read_text(encoding="utf-8"))
+    spec.update(max_linking_risk=1.0, suppression_budget=1.0)
+    (work / "greedy.yaml").write_text(yaml.safe_dump(spec, sort_keys=False), encoding="utf-8")
+    return str(work / "greedy.yaml")
+
+
 def test_a_refusal_over_the_cap_prints_one_line_and_no_traceback(workspace):
-    code, out, err = run(workspace, "--release-id", "cli-greedy", "--epsilon", "500")
+    code, out, err = run(workspace, command=[KEPSILON, "release", greedy_spec(workspace), "--release-id", "cli-greedy",
+                                             "--epsilon", "500"])
     assert code == 2
     line = _only_line(err, "release refused:")
     assert POPULATION in line and "exceeds the remaining budget" in line
@@ -109,7 +120,8 @@ def test_a_refusal_for_an_unknown_column_prints_one_line_and_no_traceback(worksp
 
 
 def test_debug_shows_the_refusals_traceback(workspace):
-    code, _, err = run(workspace, "--release-id", "cli-greedy-debug", "--epsilon", "500", "--debug")
+    code, _, err = run(workspace, command=[KEPSILON, "release", greedy_spec(workspace), "--release-id",
+                                           "cli-greedy-debug", "--epsilon", "500", "--debug"])
     assert code == 2
     assert "Traceback" in err and "BudgetExceeded" in err
     _only_line(err, "release refused:")
@@ -148,3 +160,28 @@ def test_a_failed_gate_says_failed_and_that_its_epsilon_is_spent(workspace):
     assert "prosecutor_risk" in line and "its ε is spent" in line
     assert "release refused:" not in err and "Traceback" not in err + out
     assert not (work / "out" / "cli-strict-gate").exists()
+
+
+@pytest.mark.heavy
+def test_kepsilon_check_ends_with_its_verdict_line_and_exit_code(workspace):
+    """`kepsilon check` as the README runs it: one line per verdict, then the verdict line; exit 0 only for
+    `would publish`. Nothing is reserved (the ledger's reservations are counted before and after)."""
+    import sqlite3
+
+    work, _ = workspace
+
+    def reservations() -> int:
+        with sqlite3.connect(work / "audit.db") as db:
+            return db.execute("SELECT COUNT(*) FROM ledger WHERE kind = 'reserve'").fetchone()[0]
+
+    before = reservations()
+    spec = str(work / "spec.yaml")
+    code, out, err = run(workspace, command=[KEPSILON, "check", spec, "--release-id", "cli-check-16", "--epsilon", "9"])
+    assert code == 2, err
+    last = out.strip().splitlines()[-1]
+    assert last.startswith("would be refused: suppression ") and "(limit 5.00 %); try " in last
+    assert "Traceback" not in out + err
+    code, out, err = run(workspace, command=[KEPSILON, "check", spec, "--release-id", "cli-check-ok"])
+    assert code == 0, err
+    assert out.strip().splitlines()[-1] == "would publish"
+    assert reservations() == before
