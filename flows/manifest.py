@@ -33,6 +33,18 @@ def idempotency_key(spec: ReleaseSpec, source_sha256: str) -> str:
     return hashlib.sha256(json.dumps(parts, sort_keys=True).encode()).hexdigest()
 
 
+def content_key(spec: ReleaseSpec, source_fingerprint: str) -> str:
+    """What a release would publish from, without its name: population, spec (its release id left out) and the
+    source's fingerprint. Two runs with the same key publish from the same data with the same parameters (a
+    nightly ``{date}`` release over an unchanged source). Private: it is derived from the source's fingerprint."""
+    parts = {
+        "population_id": spec.population_id,
+        "spec_hash": spec.model_copy(update={"release_id": "release"}).spec_hash(),
+        "source_sha256": source_fingerprint,
+    }
+    return hashlib.sha256(json.dumps(parts, sort_keys=True).encode()).hexdigest()
+
+
 def software_versions() -> dict:
     """Versions of kepsilon, Python and the main libraries, and the git commit when there is one."""
     versions = {"kepsilon": kepsilon.__version__, "python": platform.python_version()}
@@ -81,6 +93,7 @@ def base_manifest(spec: ReleaseSpec, source_report: dict, key: str) -> dict:
         "roles": spec.roles.names(),
         "source": {"path": spec.source.path, **source_report},
         "rows_in": source_report["rows"],
+        "content_key": content_key(spec, source_report["sha256"]),
         "software": software_versions(),
         "privacy_model": spec.privacy_model,
     }

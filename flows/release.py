@@ -2,7 +2,8 @@
 
 The method's own mode (``privacy_model: kepsilon``, (k,ε)-anonymity):
 ingest → (verify the store; already published?) → classify → k-anonymise → check the output folder →
-certain-linking check → approve → reserve ε → perturb → suppress (confidence, then diversity) → label →
+the checks before ε (``tasks/preflight.pre_epsilon_checks``: noise grid, seed key, certain linking, predicted
+error and linking risk) → approve → reserve ε → perturb → suppress (confidence, then diversity) → label →
 validate → stage → record → rename into place
 
 The DP mode (``privacy_model: dp``, (ε,δ)-differential privacy; docs/dp-mode.md):
@@ -47,11 +48,26 @@ from kepsilon.tasks.metrics import measure_release
 from kepsilon.tasks.perturb import perturb_records
 from kepsilon.engine.perturb import public_grid
 from kepsilon.tasks.progress import release_progress, stage
-from kepsilon.tasks.preflight import check_output, find_published
+from kepsilon.tasks.preflight import (
+    Verdicts,
+    check_output,
+    find_published,
+    fresh_generator,
+    pre_epsilon_checks,
+    unchanged_release,
+)
+from kepsilon.engine.predict import draws_for, predict
 from kepsilon.tasks.publish import merge_and_shuffle, move_into_place, published_columns, stage_release
-from kepsilon.tasks.record import check_approval, record_outcome, reserve_epsilon, store_location, verify_store
+from kepsilon.tasks.record import (
+    check_approval,
+    check_seed_key,
+    record_outcome,
+    reserve_epsilon,
+    store_location,
+    verify_store,
+)
 from kepsilon.tasks.suppress import suppress_linkable, suppress_undiverse
-from kepsilon.tasks.validate import check_dp_release, check_release
+from kepsilon.tasks.validate import check_dp_release, check_release, validation_failure
 
 
 def _run_day() -> str:
@@ -98,6 +114,9 @@ def _release_in_memory(spec: ReleaseSpec) -> dict:
         return done
 
     record = base_manifest(spec, source.report(), key)
+    current = unchanged_release(store, spec, record["content_key"])
+    if current is not None:
+        return unchanged_outcome(spec, current)
     record["execution"] = {"flow_run_id": str(flow_run.id), "operator": operator, "started_at": started_at}
     logger.info("release %s: %d records in", spec.release_id, source.rows)
 
@@ -109,6 +128,7 @@ def _release_in_memory(spec: ReleaseSpec) -> dict:
         record["hierarchies"] = dp_plan.hierarchy_hashes()
         record["dp"]["search_steps"] = dp_plan.steps
         output_dir = check_output(spec.output_dir, spec.release_id, _estimate_basis(source, spec))
+        check_seed_key(store, key)  # the DP mode draws from a sealed seed too
 
         def stages(reservation, record):
             return _dp_check_stage(spec, key, table, dp_plan, reservation, store, record, output_dir)
@@ -117,8 +137,7 @@ def _release_in_memory(spec: ReleaseSpec) -> dict:
         record["anonymiser"] = partition.report
         record["hierarchies"] = partition.report.get("hierarchies", {})
         output_dir = check_output(spec.output_dir, spec.release_id, _estimate_basis(source, spec))
-        _refuse_certain_linking(table, partition, spec)
-        refuse_risk_over_limits(table, partition, spec)  # journalist/marketer gates, on the anonymiser's groups
+        record["pre_epsilon"] = pre_epsilon_in_memory(Verdicts(), spec, store, key, table, partition)
 
         def stages(reservation, record):
             return _perturb_check_stage(spec, key, table, partition, reservation, store, record, output_dir)
@@ -149,6 +168,17 @@ def _release_in_memory(spec: ReleaseSpec) -> dict:
 
 
 MEMORY_STAGES = ("ingest", "classify", "k-anonymise", "perturb", "suppress", "merge", "validate", "stage")
+
+
+def unchanged_outcome(spec, current: dict) -> dict:
+    """A run over an unchanged source (``tasks/preflight.unchanged_release``): nothing published, nothing spent,
+    nothing recorded; the current release's record, marked so the CLI says where it is."""
+    where = current.get("output_dir") or current.get("directory") or "?"
+    get_run_logger().info(
+        "release %s: the source and spec are unchanged since release %s (%s); nothing published, no ε spent "
+        "(rerelease_unchanged: true publishes anyway)", spec.release_id, current.get("release_id"), where,
+    )
+    return {**current, "unchanged_source": True, "requested_release_id": spec.release_id, "published_at": where}
 
 
 def _in_stage(name: str, task, *args):
@@ -222,16 +252,22 @@ def _move_into_place(release_id: str, publication) -> None:
         ) from None
 
 
-def _refuse_certain_linking(table, partition, spec) -> None:
-    """Refuse before ε is reserved when records that get no noise (zero-diameter classes) already put the
-    linking risk above ``max_linking_risk``: the gate would fail after the spend."""
+def pre_epsilon_in_memory(verdicts: Verdicts, spec, store: str, key: str, table, partition) -> dict:
+    """The shared checks before ε (``tasks/preflight.pre_epsilon_checks``) on the in-memory partition: the
+    certain linking share, and the exact predicted errors and the throw-away draws' linking risk of the kept
+    records. Returns the private summary for the record."""
     kept = table.frame[partition.kept]
-    if certain_linking_risk(kept, partition.class_ids[partition.kept], spec) > spec.max_linking_risk:
-        raise SpecError(
-            "max_linking_risk",
-            "records in classes whose ε-quasi values are all equal get no noise and link to themselves; "
-            "their share alone exceeds the limit",
-        )
+    class_ids = partition.class_ids[partition.kept]
+    columns = [q.column for q in spec.roles.e_quasi]
+    summary = pre_epsilon_checks(
+        verdicts, spec, store=store, key=key, rows_in=len(table.frame), rows_kept=len(kept),
+        certain_share=certain_linking_risk(kept, class_ids, spec),
+        predict=lambda: predict(kept[columns], class_ids, spec, draws_for(len(kept)), fresh_generator()),
+    )
+    # The certificate's optional gates (max_journalist_risk, max_marketer_risk): on the anonymiser's groups,
+    # which depend on the partition only, so they may refuse in bounds mode too.
+    verdicts.attempt("journalist and marketer risk", refuse_risk_over_limits, table, partition, spec)
+    return summary
 
 
 def _perturb_check_stage(spec, key, table, partition, reservation, store, record, output_dir) -> tuple[dict, object, dict]:
@@ -270,7 +306,7 @@ def _perturb_check_stage(spec, key, table, partition, reservation, store, record
     )
     record["checks"] = validation.checks
     if not validation.success:
-        raise ValidationFailed(validation.failed_checks)
+        raise validation_failure(validation)
 
     grids = {q.column: public_grid(q.lower, q.upper, epsilon) for q, epsilon in zip(spec.roles.e_quasi, spec.epsilon_split().values())}
     public = public_manifest(record, spec, grids, guarantee_statement(spec.scale_basis))
@@ -310,7 +346,7 @@ def _dp_check_stage(spec, key, table, dp_plan, reservation, store, record, outpu
     validation = check_dp_release(release, spec, outcome.report["rows_sampled"], outcome.report["rows_suppressed"])
     record["checks"] = validation.checks
     if not validation.success:
-        raise ValidationFailed(validation.failed_checks)
+        raise validation_failure(validation)
 
     public = public_manifest(record, spec, {}, dp_guarantee_statement(spec.k, spec.epsilon, record["dp"]))
     publication = _stage_publication(record, release, public, output_dir)

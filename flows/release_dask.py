@@ -2,8 +2,9 @@
 
 The same governance as ``governed-release`` (``flows/release.py``), stage for stage — plan and fingerprint
 the source → (verify the store; already published?) → check the output folder → intake and classify
-(refusals) → k-anonymise the histogram → certain-linking check → approve → reserve ε → draw the seed →
-distribute → perturb and suppress → diversity suppression → publish the parts → gate → stage the
+(refusals) → k-anonymise the histogram → distribute → the checks before ε (``tasks/preflight.py``: noise grid,
+seed key, predicted error and linking risk, each class partition predicted on the cluster) → approve → reserve
+ε → draw the seed → perturb and suppress → diversity suppression → publish the parts → gate → stage the
 manifest → record → rename into place — on a table that never has to fit in one process. The stages
 per partition are in ``tasks/partitioned.py``; this module only orders them and reduces their counts.
 
@@ -25,6 +26,7 @@ import shutil
 from datetime import datetime, timezone
 from pathlib import Path
 
+import numpy as np
 from prefect import flow, get_run_logger
 from prefect.futures import as_completed
 from prefect.runtime import flow_run
@@ -34,7 +36,13 @@ from kepsilon.engine.perturb import new_seed, public_grid
 from kepsilon.engine.randomness import RecordStreams
 from kepsilon.faults import fault_point
 from kepsilon.flows.manifest import base_manifest, groups_from_sizes, idempotency_key, public_manifest
-from kepsilon.flows.release import _fail_after_reservation, _move_into_place, _release_figures, _run_day
+from kepsilon.flows.release import (
+    _fail_after_reservation,
+    _move_into_place,
+    _release_figures,
+    _run_day,
+    unchanged_outcome,
+)
 from kepsilon.flows.report import guarantee_statement, publish_report_artifacts
 from kepsilon.flows.spec import ReleaseSpec
 from kepsilon.tasks.classify import check_roles
@@ -60,10 +68,11 @@ from kepsilon.tasks.partitioned import (
     join_csv_task,
     perturb_task,
     plan_source_task,
+    predict_task,
     publish_task,
     scratch_root,
 )
-from kepsilon.tasks.preflight import check_output, find_published
+from kepsilon.tasks.preflight import Verdicts, check_output, find_published, pre_epsilon_checks, unchanged_release
 from kepsilon.tasks.progress import release_progress, stage
 from kepsilon.tasks.publish import (
     MANIFEST,
@@ -86,12 +95,12 @@ from kepsilon.tasks.record import (
     store_location,
     verify_store,
 )
-from kepsilon.tasks.validate import validate_aggregated, weight_column_name
+from kepsilon.tasks.validate import validate_aggregated, validation_failure, weight_column_name
 
 # Room the scratch folder needs, as a multiple of the table's size in memory: the classified records,
 # then the records by class and by order range (each stage removes its input as it goes).
 SCRATCH_FACTOR = 3
-_STAGES = 4  # stages that run once per partition: intake, distribute, perturb-suppress, publish-part
+_STAGES = 5  # stages that run once per partition: intake, distribute, predict, perturb-suppress, publish-part
 
 
 def dask_task_runner(execution):
@@ -216,6 +225,9 @@ def _release(spec, plan, key, operator, store, started_at, figures_dir, output_d
     logger = get_run_logger()
     table = _intake(spec, plan, scratch)
     record = base_manifest(spec, {**plan.report(), "rows": table.rows}, key)
+    current = unchanged_release(store, spec, record["content_key"])
+    if current is not None:
+        return unchanged_outcome(spec, current)
     record["execution"] = {
         "flow_run_id": str(flow_run.id), "operator": operator, "started_at": started_at,
         "engine": "dask", "partitions": len(plan.pieces),
@@ -227,12 +239,8 @@ def _release(spec, plan, key, operator, store, started_at, figures_dir, output_d
     classes = anonymised.classes
     record["anonymiser"] = classes.report
     record["hierarchies"] = classes.report.get("hierarchies", {})
-    if certain_linking_share(table.histogram, classes.class_of_tuple, spec) > spec.max_linking_risk:
-        raise SpecError(
-            "max_linking_risk",
-            "records in classes whose ε-quasi values are all equal get no noise and link to themselves; "
-            "their share alone exceeds the limit",
-        )
+    _distribute(plan, table, classes, scratch)
+    record["pre_epsilon"] = _pre_epsilon(Verdicts(), spec, store, key, table, classes, plan, scratch)
     coder = GroupCoder.build(spec, anonymised.hierarchies, anonymised.criteria)
 
     record["approval"] = check_approval(spec, operator, store, record)
@@ -259,6 +267,44 @@ def _release(spec, plan, key, operator, store, started_at, figures_dir, output_d
     _release_figures(spec, figure_inputs, figures_dir)
     logger.info("release %s published: %d records", spec.release_id, record["rows_published"])
     return record
+
+
+def _distribute(plan, table, classes, scratch: Path) -> None:
+    """Stage B, before ε (it needs no noise): every record to the class partition of its class."""
+    root = str(scratch)
+    targets = class_targets(table.histogram, classes.class_of_tuple, len(plan.pieces))
+    tuples = table.histogram.tuples
+    _each("distribute", [
+        distribute_task.submit(piece.index, offset, root, tuples, classes.class_of_tuple, targets)
+        for piece, offset in zip(plan.pieces, table.offsets)
+    ])
+
+
+def _pre_epsilon(verdicts: Verdicts, spec, store: str, key: str, table, classes, plan, scratch: Path) -> dict:
+    """The shared checks before ε (``tasks/preflight.pre_epsilon_checks``), the prediction added up over the
+    class partitions (each predicted on the cluster from throw-away noise). Returns the private summary."""
+    import secrets
+
+    from kepsilon.engine.predict import Prediction, draws_for
+
+    kept = classes.class_of_tuple >= 0
+    rows_kept = int(table.histogram.weights[kept].sum())
+    draws = draws_for(rows_kept)
+    pieces = len(plan.pieces)
+
+    def predicted() -> Prediction:
+        parts = _each("predict", [
+            predict_task.submit(index, pieces, str(scratch), spec, draws, secrets.randbits(128)) for index in range(pieces)
+        ])
+        prediction = Prediction(draws=draws, published=np.zeros(draws))
+        for part in parts:
+            prediction = prediction.add(part)
+        return prediction
+
+    return pre_epsilon_checks(
+        verdicts, spec, store=store, key=key, rows_in=table.rows, rows_kept=rows_kept,
+        certain_share=certain_linking_share(table.histogram, classes.class_of_tuple, spec), predict=predicted,
+    )
 
 
 def _prepare_scratch(spec: ReleaseSpec, output_dir: str, table_bytes: int) -> Path:
@@ -320,12 +366,6 @@ def _spend_check_stage(spec, key, plan, table, anonymised, coder, reservation, s
     mark_spent(store, reservation.id)
     record["seed_commitment"] = commitment
 
-    targets = class_targets(table.histogram, classes.class_of_tuple, pieces)
-    tuples = table.histogram.tuples
-    _each("distribute", [
-        distribute_task.submit(piece.index, offset, root, tuples, classes.class_of_tuple, targets)
-        for piece, offset in zip(plan.pieces, table.offsets)
-    ])
     parts = _each("perturb-suppress", [
         perturb_task.submit(index, pieces, root, spec, streams, anonymised.hierarchies, classes.levels, coder, pieces)
         for index in range(pieces)
@@ -356,7 +396,7 @@ def _spend_check_stage(spec, key, plan, table, anonymised, coder, reservation, s
     validation = _gate(spec, record, written, coder, criteria, [part.checks for part in published])
     record["checks"] = validation.checks
     if not validation.success:
-        raise ValidationFailed(validation.failed_checks)
+        raise validation_failure(validation)
 
     grids = {q.column: public_grid(q.lower, q.upper, eps) for q, eps in zip(spec.roles.e_quasi, spec.epsilon_split().values())}
     public = public_manifest(record, spec, grids, guarantee_statement(spec.scale_basis))
@@ -402,4 +442,5 @@ def _gate(spec, record, written, coder, criteria, part_checks):
         linking_risk=record["linking_risk"],
         max_linking_risk=spec.max_linking_risk,
         max_prosecutor_risk=spec.max_prosecutor_risk,
+        linking_gates=spec.scale_basis == "diameter",  # bounds mode: recorded, not gated (issue 21)
     )

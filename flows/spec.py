@@ -126,6 +126,11 @@ class EQuasi(FormModel):
         default=None,
         description="privacy_model dp only: the public hierarchy (file or builder) the column is generalised through",
     )
+    max_relative_error: Annotated[float, Field(gt=0)] | SkipJsonSchema[None] = Field(
+        default=None,
+        description="largest predicted mean relative error of the published column (0.2 = 20 %); checked before ε "
+        "is reserved (diameter scale basis; reported only in bounds mode); none by default",
+    )
 
     @model_validator(mode="after")
     def _bounds_ordered(self):
@@ -481,6 +486,11 @@ class ReleaseSpec(FormModel):
     execution: Execution = Field(
         default=Execution(), description="where the release runs (not part of the release's identity)"
     )
+    rerelease_unchanged: bool = Field(
+        default=False,
+        description="publish a new release even when the population's last published release has the same source "
+        "and spec (default: such a run publishes nothing, spends nothing and says where the current release is)",
+    )
 
     @field_validator("epsilon")
     @classmethod
@@ -545,11 +555,13 @@ class ReleaseSpec(FormModel):
     def spec_hash(self) -> str:
         """SHA-256 of the canonical JSON of what defines the release's content.
 
-        The operator, the output folder and the execution engine are left out: a rerun by another
+        The operator, the output folder, the execution engine and ``rerelease_unchanged`` are left out: a rerun by another
         operator, into a corrected output folder, or on the other engine (which publishes the same values)
         is the same logical release (one spend, one noise draw).
         """
-        content = _without_new_defaults(self.model_dump(mode="json", exclude={"operator", "output_dir", "execution"}))
+        content = _without_new_defaults(
+            self.model_dump(mode="json", exclude={"operator", "output_dir", "execution", "rerelease_unchanged"})
+        )
         canonical = json.dumps(content, sort_keys=True, separators=(",", ":"))
         return hashlib.sha256(canonical.encode()).hexdigest()
 
@@ -579,8 +591,9 @@ def _without_new_defaults(content: dict) -> dict:
     if content.get("dp") is None:
         content.pop("dp", None)
     for quasi in content["roles"]["e_quasi"]:
-        if quasi.get("hierarchy") is None:
-            quasi.pop("hierarchy", None)
+        for added in ("hierarchy", "max_relative_error"):
+            if quasi.get(added) is None:
+                quasi.pop(added, None)
     for name in ("max_journalist_risk", "max_marketer_risk", "population", "certificate"):
         if content.get(name) is None:
             content.pop(name, None)

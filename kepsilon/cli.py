@@ -1,6 +1,7 @@
 """The ``kepsilon`` command: run a release from a spec file, and query the audit store.
 
     kepsilon release releases/paper-synthetic.yaml --k 5 --epsilon 0.5
+    kepsilon check releases/paper-synthetic.yaml --epsilon 16
     kepsilon advise releases/paper-synthetic.yaml --target-error 0.05 --max-linking-risk 0.1
     kepsilon audit budget paper-synthetic
 
@@ -8,7 +9,7 @@ What ``kepsilon release`` prints: Prefect's run log (with a progress bar per sta
 dask engine), then the release summary; for a release already
 published, one line saying where (exit code 0, nothing done); one line ``release refused: <reason>``
 (exit code 2) when the release stops on a KepsilonError before any ε is reserved — bad spec or input, ε
-over the cap, an id already published; one line ``release failed: <reason>`` (exit code 2) when it stopped
+over the cap, an id already published, a check before ε with its predicted figure and limit; one line ``release failed: <reason>`` (exit code 2) when it stopped
 after its ε was reserved — a failed check of the gate included (recorded, or the line says the
 reservation stands and a rerun resumes it).
 Tracebacks are kept off the console (``--debug`` shows them). Any other exception is a crash: its
@@ -435,6 +436,14 @@ def release(
         _crashed(failure, quiet, debug)
     if lost is not None and lost.lost:
         _told_by_the_store(spec.release_id, started, store_path())
+    if manifest.get("unchanged_source"):
+        console.print(
+            f"release {escape(manifest['requested_release_id'])}: source and spec unchanged since release "
+            f"{escape(str(manifest['release_id']))}, published at {escape(str(manifest['published_at']))}; nothing "
+            "published, no ε spent (`rerelease_unchanged: true` in the spec publishes a new release anyway)",
+            soft_wrap=True,
+        )
+        return
     if manifest.get("already_published"):
         where = manifest["published_at"] if manifest.get("folder_present") else f"{manifest['published_at']} (folder no longer there)"
         console.print(
@@ -444,6 +453,65 @@ def release(
         )
         return
     console.print(summary_table(manifest))
+    for warning in (manifest.get("pre_epsilon") or {}).get("warnings", []):
+        console.print(escape(warning), soft_wrap=True, highlight=False)
+
+
+@app.command()
+def check(
+    spec_path: Path = typer.Argument(..., metavar="SPEC.yaml", help="release spec (YAML)"),
+    k: Optional[int] = typer.Option(None, "--k", help="override the spec's k"),
+    epsilon: Optional[float] = typer.Option(None, "--epsilon", help="override the spec's ε"),
+    release_id: Optional[str] = typer.Option(None, "--release-id", help="override the spec's release id"),
+    algorithm: Optional[str] = typer.Option(None, "--algorithm", help="mondrian or ola"),
+    operator: Optional[str] = typer.Option(None, "--operator", help="who would run the release (default: OS user)"),
+    db: Optional[Path] = typer.Option(None, "--db", envvar="KEPSILON_AUDIT_DB", help="audit store (default ./audit.db)"),
+    debug: bool = typer.Option(False, "--debug", help="also print the traceback of a refusal"),
+) -> None:
+    """Everything `kepsilon release SPEC.yaml` would decide without noise, then one line: "would publish" or
+    "would be refused: <check> <figure> (limit <limit>); try <change>". Spends no ε, publishes nothing;
+    recorded in the audit store as an advice event (it reads the private data). Exit 0 only when the
+    release would publish, else 2."""
+    from kepsilon.flows.spec import load_spec
+
+    if db is not None:
+        os.environ["KEPSILON_AUDIT_DB"] = str(db)
+    quiet = RefusalTracebacks()
+    try:
+        spec = load_spec(
+            spec_path, k=k, epsilon=epsilon, release_id=release_id, algorithm=algorithm, operator=operator
+        )
+        with _prefect_api() as local_server:
+            from kepsilon.flows.check import release_check
+
+            with contextlib.nullcontext() if debug else _console_filter(quiet):
+                try:
+                    result = release_check(spec, via="cli")
+                finally:
+                    _flush_prefect_client()
+                    if local_server is not None:
+                        local_server.wait_until_recorded()
+                        local_server.run_ended()
+    except KepsilonError as failure:
+        if debug:
+            traceback.print_exception(failure, file=sys.stderr)
+        errors.print(f"[bold red]check refused:[/] {escape(str(failure))}", soft_wrap=True)
+        raise typer.Exit(code=2)
+    except Exception as failure:
+        _crashed(failure, quiet, debug)
+    from kepsilon.flows.check import verdict_lines
+
+    console.print(f"check of release {escape(result['release_id'])} (nothing reserved, drawn or published):", soft_wrap=True)
+    for line in verdict_lines(result):
+        console.print("  " + escape(line), soft_wrap=True, highlight=False)
+    for warning in (result.get("predicted") or {}).get("warnings", []):
+        console.print(escape(warning), soft_wrap=True, highlight=False)
+    if result.get("event_id") is not None:
+        console.print(f"recorded as advice event {result['event_id']} in the audit store; no ε spent", soft_wrap=True)
+    style = "bold green" if result["would_publish"] else "bold red"
+    console.print(f"[{style}]{escape(result['line'])}[/]", soft_wrap=True, highlight=False)
+    if not result["would_publish"]:
+        raise typer.Exit(code=2)
 
 
 def _numbers(option: str, text: Optional[str], kind):

@@ -57,6 +57,8 @@ def spec_dict(work: Path, release_id: str, **overrides) -> dict:
     """The shipped paper-synthetic release (absolute paths), publishing under ``work/out``."""
     spec = load_spec(ROOT / "releases" / "paper-synthetic.yaml").model_dump(mode="json")
     spec.update(release_id=release_id, population_id=POPULATION, output_dir=str(work / "out"), operator="reliability")
+    # The scenarios release one source under several ids on purpose (races, caps): not "unchanged, skipped".
+    spec.update(rerelease_unchanged=True)
     spec.update(overrides)
     return spec
 

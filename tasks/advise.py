@@ -250,9 +250,9 @@ def _monte_carlo(cell: Cell, kept: pd.DataFrame, dense, n_classes: int, n: int, 
 def smallest_epsilon_for_error(advice: Advice, target: float) -> dict[int, dict]:
     """Per k, the smallest ε of the grid whose predicted error (mean over ε-quasis) is at most ``target``.
 
-    In diameter mode the predicted error is exactly proportional to 1/ε (no clamp on the outputs), so the
-    exact smallest ε, ``ε·err(ε)/target``, is given too; in bounds mode the clamps break that and only
-    the grid answer is given.
+    Only the grid answer: the published values are clamped to the public bounds in both scale bases, so
+    the predicted error is not proportional to 1/ε and no closed-form smallest ε exists (``exact`` is
+    kept, always None, for the callers' shape). The error decreases with ε, so the grid answer is safe.
     """
     answers = {}
     for k in advice.k_values:
@@ -261,8 +261,6 @@ def smallest_epsilon_for_error(advice: Advice, target: float) -> dict[int, dict]
             continue
         meeting = [c.epsilon for c in cells if c.predicted_mean <= target]
         exact = None
-        if advice.scale_basis == "diameter":
-            exact = cells[0].epsilon * cells[0].predicted_mean / target
         answers[k] = {"grid": min(meeting) if meeting else None, "exact": exact}
     return answers
 

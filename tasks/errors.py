@@ -14,12 +14,13 @@ __all__ = ["HierarchyError", "InputError", "KepsilonError", "SpecError", "Valida
 class ValidationFailed(KepsilonError):
     """A release check failed; the release was not published."""
 
-    def __init__(self, failed_checks: list[str]):
+    def __init__(self, failed_checks: list[str], details: str | None = None):
         self.failed_checks = failed_checks
-        super().__init__("release checks failed: " + ", ".join(failed_checks))
+        self.details = details  # the failed checks with their figures and limits, and the next step (private)
+        super().__init__("release checks failed: " + (details or ", ".join(failed_checks)))
 
     def __reduce__(self):
-        return (type(self), (self.failed_checks,))
+        return (type(self), (self.failed_checks, self.details))
 
 
 class ReleaseFailed(KepsilonError):

@@ -48,6 +48,7 @@ from kepsilon.engine.histogram import TupleHistogram, merge_histograms
 from kepsilon.engine.metrics import errors_by_class, expected_relative_errors, linked_records
 from kepsilon.engine.partition import published_labels
 from kepsilon.engine.perturb import perturb, source_positions
+from kepsilon.engine.predict import Prediction, predict
 from kepsilon.engine.randomness import RecordStreams
 from kepsilon.engine.suppress import suppress_records
 from kepsilon.flows.spec import ReleaseSpec
@@ -471,6 +472,20 @@ def perturb_and_suppress(
     return ClassPartition(index, len(kept), perturbed.report, suppression.report, groups, classes, errors, empty_like(merged))
 
 
+def predict_partition(index: int, pieces: int, scratch: str, spec: ReleaseSpec, draws: int, seed: int) -> Prediction:
+    """Before ε: the prediction of one class partition (``kepsilon.engine.predict``, the in-memory path's own
+    function on whole classes), from throw-away noise seeded by ``seed``; the partition stays in the scratch
+    for the perturbation. Returns sums only (no value)."""
+    area = Scratch(scratch)
+    loaded = [area.read("shuffle", index, piece) for piece in range(pieces) if area.exists("shuffle", index, piece)]
+    if not loaded:
+        return Prediction(draws=draws, published=np.zeros(draws))
+    kept = pd.concat([frame for frame, _ in loaded])
+    class_ids = np.concatenate([ids for _, ids in loaded])
+    columns = [q.column for q in spec.roles.e_quasi]
+    return predict(kept[columns], class_ids, spec, draws, np.random.default_rng(seed))
+
+
 def empty_like(frame: pd.DataFrame) -> pd.DataFrame:
     """A frame with ``frame``'s columns and types and no row, holding none of its buffers (a slice
     ``frame.iloc[:0]`` would keep the whole partition alive in a task's result, and may pickle it)."""
@@ -702,6 +717,12 @@ def anonymise_task(histogram: TupleHistogram, spec: ReleaseSpec) -> AnonymisedTu
 def distribute_task(index: int, offset: int, scratch: str, tuples, class_of_tuple, target_of_class) -> int:
     """Prefect task: stage B on one piece."""
     return _partition_task(distribute)(index, offset, scratch, tuples, class_of_tuple, target_of_class)
+
+
+@task(name="predict", cache_policy=NO_CACHE, persist_result=False)
+def predict_task(index: int, pieces: int, scratch: str, spec: ReleaseSpec, draws: int, seed: int) -> Prediction:
+    """Prefect task: the prediction before ε of one class partition (throw-away noise)."""
+    return _partition_task(predict_partition)(index, pieces, scratch, spec, draws, seed)
 
 
 @task(name="perturb-suppress", cache_policy=NO_CACHE, persist_result=False)

@@ -143,6 +143,29 @@ def complete_publication(record: dict) -> tuple[Path, bool]:
     return final, final.is_dir()
 
 
+def unchanged_release(store: str, spec, content: str) -> dict | None:
+    """The population's last published release if it was published from the same source with the same spec
+    (the same ``content_key``; ``flows/manifest.content_key``), else None; always None with
+    ``rerelease_unchanged``. A scheduled run over an unchanged source then publishes nothing new and spends
+    nothing: fresh noise over the same records would only let them be averaged across releases."""
+    if getattr(spec, "rerelease_unchanged", False):
+        return None
+    db = open_store(store)
+    try:
+        found = db.execute(
+            "SELECT manifest FROM releases WHERE population_id = ? AND outcome = 'published' ORDER BY id DESC LIMIT 1",
+            (spec.population_id,),
+        ).fetchone()
+    except sqlite3.Error as error:
+        raise unavailable(store, error, "read") from None
+    finally:
+        db.close()
+    if found is None:
+        return None
+    record = json.loads(found[0])
+    return record if record.get("content_key") == content else None
+
+
 @task(name="already-published", cache_policy=NO_CACHE, persist_result=False)
 def find_published(store: str, release_id: str, key: str) -> dict | None:
     """Prefect task: this logical release's record if it is published (its folder completed if needed)."""
@@ -151,3 +174,169 @@ def find_published(store: str, release_id: str, key: str) -> dict | None:
         return None
     final, present = complete_publication(record)
     return {**record, "already_published": True, "published_at": str(final), "folder_present": present}
+
+
+# --------------------------------------------------------------------------- the pre-ε sequence
+#
+# One sequence of checks that need no noise, shared by the release (both engines), which stops at the first
+# refusal, and by ``kepsilon check``, which collects every verdict. The figures are computed from private
+# values: they go to the private record and the steward's terminal, never to the public manifest.
+
+from dataclasses import asdict, dataclass  # noqa: E402
+
+from kepsilon.engine.errors import KepsilonError  # noqa: E402
+
+WARN_RELATIVE_ERROR = 0.5  # a predicted error above 50 % earns a warning line even with no limit set
+
+
+@dataclass
+class Verdict:
+    """One check's outcome before ε. ``gates``: False where the check is reported only (bounds mode: a
+    figure that reads the true ε-quasi values must not decide whether anything is published)."""
+
+    name: str
+    success: bool
+    figure: float | None = None
+    limit: float | None = None
+    gates: bool = True
+    parameter: str | None = None
+    detail: str = ""
+
+    @property
+    def refuses(self) -> bool:
+        return self.gates and not self.success
+
+    def summary(self) -> str:
+        """``<check> <figure> (limit <limit>)``, or ``<check>: <detail>`` for a check without a figure."""
+        if self.figure is None:
+            return f"{self.name}: {self.detail}" if self.detail else self.name
+        text = f"{self.name} {_number(self.figure)}"
+        return text + (f" (limit {_number(self.limit)})" if self.limit is not None else "")
+
+    def to_dict(self) -> dict:
+        return {k: v for k, v in asdict(self).items() if v is not None and v != ""}
+
+
+def _number(value: float) -> str:
+    value = float(value)
+    return f"{100 * value:.2f} %" if 0 < abs(value) < 10 and value != int(value) else f"{value:g}"
+
+
+class Verdicts:
+    """The verdicts of one run of the sequence. A release (``collect=False``) stops at the first refusal
+    with a ``SpecError`` naming the parameter and the figure; ``kepsilon check`` collects them all."""
+
+    def __init__(self, collect: bool = False):
+        self.collect = collect
+        self.items: list[Verdict] = []
+
+    def add(self, verdict: Verdict) -> Verdict:
+        self.items.append(verdict)
+        if verdict.refuses and not self.collect:
+            raise SpecError(
+                verdict.parameter or verdict.name,
+                f"{verdict.summary()}, predicted before any ε; nothing reserved or spent "
+                "(`kepsilon check SPEC` suggests a change)",
+            )
+        return verdict
+
+    def attempt(self, name: str, check, *args):
+        """Run a check that raises a ``KepsilonError`` when it fails: (passed, its result)."""
+        try:
+            result = check(*args)
+        except KepsilonError as failure:
+            if not self.collect:
+                raise
+            self.items.append(Verdict(name, False, parameter=getattr(failure, "parameter", None), detail=str(failure)))
+            return False, None
+        self.items.append(Verdict(name, True))
+        return True, result
+
+    @property
+    def refusals(self) -> list[Verdict]:
+        return [v for v in self.items if v.refuses]
+
+    def report(self) -> list[dict]:
+        return [v.to_dict() for v in self.items]
+
+
+def pre_epsilon_checks(
+    verdicts: Verdicts, spec, *, store: str, key: str, rows_in: int, rows_kept: int, certain_share: float, predict
+) -> dict:
+    """The checks before ε that the release (either engine) and ``kepsilon check`` share, in order:
+    the noise grid at the spec's ε, the seed key, a release with records, the certain linking share, the
+    predicted relative error of each ε-quasi, the predicted linking risk, the records confidence
+    suppression would leave and the suppression budget (the anonymiser's suppression plus the predicted
+    confidence suppression; diversity suppression, which needs the published labels, is left to the gate). ``predict``: a function that returns the
+    :class:`kepsilon.engine.predict.Prediction` of the kept records, called once the noise grid has passed
+    (it draws throw-away noise on that grid). In bounds mode the figures that read the true ε-quasi values
+    are reported, not gated.
+
+    Returns the private summary of the predictions (for the record) and the warning lines.
+    """
+    from kepsilon.engine.perturb import check_noise_grid
+
+    from .record import check_seed_key
+
+    grid_ok, _ = verdicts.attempt("noise grid", check_noise_grid, spec.roles.e_quasi, spec.epsilon_split())
+    verdicts.attempt("seed key", check_seed_key, store, key)
+    verdicts.add(Verdict(
+        "records kept", rows_kept > 0, figure=rows_kept, limit=1, parameter="k",
+        detail="the anonymiser would keep no record: an empty release says nothing",
+    ))
+    gates = spec.scale_basis == "diameter"  # bounds mode: reported only (they read the true ε-quasi values)
+    verdicts.add(Verdict(
+        "certain linking risk", certain_share <= spec.max_linking_risk, figure=certain_share,
+        limit=spec.max_linking_risk, gates=gates, parameter="max_linking_risk",
+        detail="records in zero-diameter classes get no noise and link to themselves",
+    ))
+    if not grid_ok:  # only in a check: no noise can be drawn at this ε, so nothing is predicted
+        return {"predicted": False, "warnings": []}
+    prediction = predict()
+    errors = prediction.relative_errors()
+    warnings = []
+    for quasi in spec.roles.e_quasi:
+        figure = errors.get(quasi.column, 0.0)
+        limit = getattr(quasi, "max_relative_error", None)
+        verdicts.add(Verdict(
+            f"relative error of {quasi.column}", limit is None or figure <= limit, figure=figure, limit=limit,
+            gates=gates, parameter=f"roles.e_quasi.{quasi.column}.max_relative_error",
+        ))
+        if figure > WARN_RELATIVE_ERROR:
+            warnings.append(
+                f"warning: predicted relative error of {quasi.column} is {_number(figure)} (over "
+                f"{_number(WARN_RELATIVE_ERROR)}); a larger ε or smaller k lowers it (`kepsilon advise`)"
+            )
+    risk = prediction.linking_risk()
+    verdicts.add(Verdict(
+        "linking risk", risk <= spec.max_linking_risk, figure=risk, limit=spec.max_linking_risk, gates=gates,
+        parameter="max_linking_risk",
+    ))
+    published = prediction.published_records()
+    verdicts.add(Verdict(
+        "records published", published > 0, figure=published, limit=1, gates=gates, parameter="confidence",
+        detail="confidence suppression would remove every record: an empty release says nothing",
+    ))
+    suppressed = (rows_in - published) / rows_in if rows_in else 0.0
+    verdicts.add(Verdict(
+        "suppression", suppressed <= spec.suppression_budget, figure=suppressed, limit=spec.suppression_budget,
+        gates=gates or suppressed == (rows_in - rows_kept) / max(rows_in, 1), parameter="suppression_budget",
+    ))
+    return {
+        "predicted_relative_error": errors,
+        "predicted_linking_risk": risk,
+        "predicted_records_published": published,
+        "predicted_suppression": suppressed,
+        "draws": prediction.draws,
+        "gated": gates,
+        "warnings": warnings,
+    }
+
+
+def fresh_generator():
+    """A throw-away noise generator from a fresh ``secrets`` seed (never stored or shown)."""
+    import secrets
+
+    import numpy as np
+
+    return np.random.default_rng(secrets.randbits(256))

@@ -100,3 +100,52 @@ def escrowed_seed(store: str, key: str, release_id: str, fresh_seed) -> tuple[by
 def mark_spent(store: str, reservation_id: int) -> None:
     """ε counts as spent from the moment noise is drawn (idempotent for a rerun of the same release)."""
     mark_noise_drawn(open_store(store), reservation_id)
+
+
+def check_seed_key(store: str, key: str) -> None:
+    """Refuse before ε is reserved (``SpecError`` naming the variable) a seed key the release could not use.
+
+    The key (env ``KEPSILON_SEED_KEY`` or the file ``KEPSILON_SEED_KEY_FILE``) must be readable and a valid
+    Fernet key. When this logical release already has a reservation or a sealed seed (an interrupted release
+    awaits its seed), the key must be there — a missing file is never silently recreated then, since a new key
+    cannot unseal the old seed — and be the key the seed was sealed with (its fingerprint). Otherwise a missing
+    file is created now (0600, as on first use), so that a folder it cannot be written in is known before ε.
+    """
+    from cryptography.fernet import Fernet
+
+    from kepsilon.audit import seeds
+    from kepsilon.tasks.errors import SpecError
+
+    db = open_store(store)
+    try:
+        sealed = db.conn.execute("SELECT key_fingerprint FROM sealed_seeds WHERE idempotency_key = ?", (key,)).fetchone()
+        reserved = db.conn.execute(
+            "SELECT 1 FROM ledger WHERE kind = 'reserve' AND idempotency_key = ? LIMIT 1", (key,)
+        ).fetchone()
+    finally:
+        db.close()
+    raw, source = os.environ.get(seeds.ENV_KEY), seeds.ENV_KEY
+    if not raw:
+        path, source = seeds.key_file_path(), seeds.ENV_KEY_FILE
+        if not path.exists():
+            if sealed is not None or reserved is not None:
+                raise SpecError(
+                    seeds.ENV_KEY_FILE,
+                    f"the seed key file {str(path)!r} is missing and this release has a reservation awaiting its seed; "
+                    "restore the key file (a new key cannot unseal the sealed seed); nothing was reserved or drawn",
+                )
+            try:
+                seeds._create_key_file(path)
+            except OSError as error:
+                raise SpecError(seeds.ENV_KEY_FILE, f"the seed key file {str(path)!r} cannot be created ({error.strerror})") from None
+        try:
+            raw = path.read_bytes().strip()
+        except OSError as error:
+            raise SpecError(seeds.ENV_KEY_FILE, f"the seed key file {str(path)!r} cannot be read ({error.strerror})") from None
+    material = raw.encode() if isinstance(raw, str) else raw
+    try:
+        Fernet(material)
+    except (ValueError, TypeError):
+        raise SpecError(source, "is not a valid urlsafe-base64 Fernet key; nothing was reserved or drawn") from None
+    if sealed is not None and sealed[0] != seeds._fingerprint(material):
+        raise SpecError(source, "is not the key this release's seed was sealed with; restore the original key")

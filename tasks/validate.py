@@ -27,7 +27,13 @@ Checks (a failed or raising expectation counts as a failed check — the gate fa
 - ``prosecutor_risk_within_limit`` (when ``max_prosecutor_risk`` is set): 1/smallest group ≤ the limit
   (custom `ExpectGroupsProsecutorRiskAtMost`).
 - ``linking_risk_within_limit``: the release's linking risk ≤ ``max_linking_risk`` (data-free, plain: the
-  risk needs the true values and the noise, which the published table does not hold).
+  risk needs the true values and the noise, which the published table does not hold). In bounds mode it is
+  recorded with ``gates: False`` and decides nothing: it reads the true ε-quasi values, and bounds mode
+  claims ε-DP for them given the partition.
+- ``records_published`` (the method's mode): at least one record is published; an empty release says nothing.
+
+Every check is ``{"name", "success"}``; the arithmetic ones add ``figure`` and ``limit`` (private figures:
+the record in the audit store only, never the public manifest).
 """
 
 from __future__ import annotations
@@ -67,7 +73,7 @@ from great_expectations.expectations.metrics.table_metric_provider import (  # n
 
 from kepsilon.engine.criteria import build_criteria, declared, gate_parameters, groups_meet  # noqa: E402
 from kepsilon.engine.criteria import load_sensitive_hierarchies  # noqa: E402
-from kepsilon.tasks.errors import SpecError  # noqa: E402
+from kepsilon.tasks.errors import SpecError, ValidationFailed  # noqa: E402
 
 logger = logging.getLogger(__name__)
 # GE logs at INFO/DEBUG on every run; a release log should carry our outcome, not its chatter.
@@ -84,6 +90,7 @@ L_DIVERSITY = "l_diversity"
 T_CLOSENESS = "t_closeness"
 PROSECUTOR_RISK_WITHIN_LIMIT = "prosecutor_risk_within_limit"
 LINKING_RISK_WITHIN_LIMIT = "linking_risk_within_limit"
+RECORDS_PUBLISHED = "records_published"
 
 _CHECK_META_KEY = "kepsilon_check"
 
@@ -301,7 +308,61 @@ class ValidationReport:
     @property
     def failed_checks(self) -> list[str]:
         """Names of the checks that failed, in report order (for `ValidationFailed`)."""
-        return [c["name"] for c in self.checks if not c["success"]]
+        return [c["name"] for c in self.failures]
+
+    @property
+    def failures(self) -> list[dict]:
+        """The failed checks that gate (a check with ``gates: False`` is reported only), in report order."""
+        return [c for c in self.checks if not c["success"] and c.get("gates", True)]
+
+
+def _figure(value: float) -> str:
+    return f"{100 * value:.2f} %" if 0 < abs(value) <= 1 and value != int(value) else f"{value:g}"
+
+
+def validation_failure(report: "ValidationReport") -> ValidationFailed:
+    """The error of a gate that failed after the noise: each failed check with its measured figure and limit
+    where it has them, and the next step. Its message goes to the steward's terminal and the private record,
+    never to the public manifest (nothing is published)."""
+    parts = []
+    for check in report.failures:
+        text = check["name"]
+        if "figure" in check:
+            text += f" {_figure(check['figure'])}"
+        if "limit" in check:
+            text += f" (limit {_figure(check['limit'])})"
+        parts.append(text)
+    details = ", ".join(parts) + "; next: `kepsilon check SPEC` predicts the gate before any ε, `kepsilon advise SPEC` compares k and ε"
+    return ValidationFailed(report.failed_checks, details)
+
+
+def gated(checks: list[dict]) -> bool:
+    """Whether every check that gates passed."""
+    return all(c["success"] for c in checks if c.get("gates", True))
+
+
+def plain_checks(rows_in: int, rows_removed: int, suppression_budget, linking_risk, max_linking_risk, linking_gates: bool) -> list[dict]:
+    """The gate's arithmetic checks with their figure and limit (private record only): a release with
+    records, the suppression budget, the linking risk. ``linking_gates`` False (bounds mode, where the risk
+    reads the true ε-quasi values): the linking risk is recorded with its verdict but decides nothing."""
+    checks = []
+    if suppression_budget is not None:
+        published = rows_in - rows_removed
+        checks.append({"name": RECORDS_PUBLISHED, "success": published > 0, "figure": float(published), "limit": 1.0})
+        checks.append({
+            "name": SUPPRESSION_WITHIN_BUDGET,
+            "success": bool(suppression_within_budget(rows_in, rows_removed, suppression_budget)),
+            "figure": rows_removed / rows_in, "limit": float(suppression_budget),
+        })
+    if max_linking_risk is not None:
+        risk_ok = linking_risk is not None and math.isfinite(linking_risk) and linking_risk <= max_linking_risk
+        check = {"name": LINKING_RISK_WITHIN_LIMIT, "success": bool(risk_ok), "limit": float(max_linking_risk)}
+        if linking_risk is not None and math.isfinite(linking_risk):
+            check["figure"] = float(linking_risk)
+        if not linking_gates:
+            check["gates"] = False
+        checks.append(check)
+    return checks
 
 
 def validate_release(
@@ -318,8 +379,10 @@ def validate_release(
     linking_risk: float | None = None,
     max_linking_risk: float | None = None,
     max_prosecutor_risk: float | None = None,
+    linking_gates: bool = True,
 ) -> ValidationReport:
-    """Check the table about to be published and report, per check, only a name and a boolean.
+    """Check the table about to be published and report, per check, a name, a boolean and, for the
+    arithmetic checks, the figure and the limit (private).
 
     Guarantee: ``report.success`` is True only if every check listed in the module docstring
     passed; a check whose expectation raised inside Great Expectations counts as failed, and so do
@@ -336,14 +399,16 @@ def validate_release(
     expectations += _disclosure_expectations(k_quasi, criteria or [], max_prosecutor_risk)
     outcomes = _run_suite(published, expectations)
     checks = [{"name": name, "success": bool(ok)} for name, ok in outcomes.items()]
-    if suppression_budget is not None:
-        suppression_ok = suppression_within_budget(rows_in, rows_removed, suppression_budget)
-        # Report order follows the brief's numbering: k-anonymity first, then suppression.
-        checks.insert(1, {"name": SUPPRESSION_WITHIN_BUDGET, "success": bool(suppression_ok)})
-    if max_linking_risk is not None:
-        risk_ok = linking_risk is not None and math.isfinite(linking_risk) and linking_risk <= max_linking_risk
-        checks.append({"name": LINKING_RISK_WITHIN_LIMIT, "success": bool(risk_ok)})
-    return ValidationReport(checks=checks, success=all(c["success"] for c in checks))
+    return _with_plain_checks(checks, rows_in, rows_removed, suppression_budget, linking_risk, max_linking_risk, linking_gates)
+
+
+def _with_plain_checks(checks, rows_in, rows_removed, suppression_budget, linking_risk, max_linking_risk, linking_gates):
+    """The report: k-anonymity first, then the records and suppression checks, the others, the linking risk."""
+    plain = plain_checks(rows_in, rows_removed, suppression_budget, linking_risk, max_linking_risk, linking_gates)
+    risk = [c for c in plain if c["name"] == LINKING_RISK_WITHIN_LIMIT]
+    counts = [c for c in plain if c["name"] != LINKING_RISK_WITHIN_LIMIT]
+    checks = checks[:1] + counts + checks[1:] + risk
+    return ValidationReport(checks=checks, success=gated(checks))
 
 
 # --------------------------------------------------------------------------- the partitioned path's gate
@@ -399,6 +464,7 @@ def validate_aggregated(
     linking_risk: float | None = None,
     max_linking_risk: float | None = None,
     max_prosecutor_risk: float | None = None,
+    linking_gates: bool = True,
 ) -> ValidationReport:
     """The release gate of a partitioned release, with the in-memory gate's checks, names and order.
 
@@ -429,12 +495,7 @@ def validate_aggregated(
     if max_prosecutor_risk is not None:
         ordered.append(PROSECUTOR_RISK_WITHIN_LIMIT)
     checks = [{"name": name, "success": bool(outcomes.get(name, False))} for name in ordered]
-    checks.insert(1, {"name": SUPPRESSION_WITHIN_BUDGET,
-                      "success": bool(suppression_within_budget(rows_in, rows_removed, suppression_budget))})
-    if max_linking_risk is not None:
-        risk_ok = linking_risk is not None and math.isfinite(linking_risk) and linking_risk <= max_linking_risk
-        checks.append({"name": LINKING_RISK_WITHIN_LIMIT, "success": bool(risk_ok)})
-    return ValidationReport(checks=checks, success=all(c["success"] for c in checks))
+    return _with_plain_checks(checks, rows_in, rows_removed, suppression_budget, linking_risk, max_linking_risk, linking_gates)
 
 
 def suppression_within_budget(rows_in: int, rows_removed: int, suppression_budget: float) -> bool:
@@ -596,6 +657,8 @@ def check_release(
         linking_risk=linking_risk,
         max_linking_risk=spec.max_linking_risk,
         max_prosecutor_risk=spec.max_prosecutor_risk,
+        # Bounds mode: the linking risk reads the true ε-quasi values, so it is recorded, not gated (issue 21).
+        linking_gates=spec.scale_basis == "diameter",
     )
 
 

@@ -35,8 +35,9 @@ def workspace(tmp_path_factory, prefect_server_env):
     """A spec publishing under a temporary folder, its own audit store and seed key, cap 10; the CLI's
     environment points at the session's Prefect server."""
     work = tmp_path_factory.mktemp("cli-output")
+    # Several releases of the same source here: each is a new release, not "unchanged since the last one".
     spec = release_spec_dict("paper-synthetic", release_id="cli-output", population_id=POPULATION,
-                             output_dir=str(work / "out"))
+                             output_dir=str(work / "out"), rerelease_unchanged=True)
     (work / "spec.yaml").write_text(yaml.safe_dump(spec, sort_keys=False), encoding="utf-8")
     env = {**prefect_server_env, "KEPSILON_AUDIT_DB": str(work / "audit.db"),
            "KEPSILON_SEED_KEY_FILE": str(work / "seed.key"), "KEPSILON_REPORTS_DIR": str(work / "reports")}
@@ -148,8 +149,19 @@ def _only_line(err: str, prefix: str) -> str:
     return lines[0]
 
 
+def greedy_spec(workspace) -> str:
+    """The workspace's spec with the gate's limits open, so that ε = 500 passes the checks before ε (its
+    predicted linking risk and suppression are far above the defaults) and meets the cap."""
+    work, _ = workspace
+    spec = yaml.safe_load((work / "spec.yaml").read_text(encoding="utf-8"))
+    spec.update(max_linking_risk=1.0, suppression_budget=1.0)
+    (work / "greedy.yaml").write_text(yaml.safe_dump(spec, sort_keys=False), encoding="utf-8")
+    return str(work / "greedy.yaml")
+
+
 def test_a_refusal_over_the_cap_prints_one_line_and_no_traceback(workspace):
-    code, out, err = run(workspace, "--release-id", "cli-greedy", "--epsilon", "500")
+    code, out, err = run(workspace, command=[KEPSILON, "release", greedy_spec(workspace), "--release-id", "cli-greedy",
+                                             "--epsilon", "500"])
     assert code == 2
     line = _only_line(err, "release refused:")
     assert POPULATION in line and "exceeds the remaining budget" in line
@@ -169,7 +181,8 @@ def test_a_refusal_for_an_unknown_column_prints_one_line_and_no_traceback(worksp
 
 
 def test_debug_shows_the_refusals_traceback(workspace):
-    code, _, err = run(workspace, "--release-id", "cli-greedy-debug", "--epsilon", "500", "--debug")
+    code, _, err = run(workspace, command=[KEPSILON, "release", greedy_spec(workspace), "--release-id",
+                                           "cli-greedy-debug", "--epsilon", "500", "--debug"])
     assert code == 2
     assert "Traceback" in err and "BudgetExceeded" in err
     _only_line(err, "release refused:")
@@ -326,3 +339,28 @@ def test_the_store_outcome_line_for_failed_reserved_and_nothing(workspace, tmp_p
     assert "spent: its noise was drawn" in store_outcome(tmp_path / "audit.db", "held", now()).line
     nothing = store_outcome(tmp_path / "audit.db", "never-ran", now())
     assert (nothing.state, nothing.exit_code) == ("nothing", 2) and "no ε spent" in nothing.line
+
+
+@pytest.mark.heavy
+def test_kepsilon_check_ends_with_its_verdict_line_and_exit_code(workspace):
+    """`kepsilon check` as the README runs it: one line per verdict, then the verdict line; exit 0 only for
+    `would publish`. Nothing is reserved (the ledger's reservations are counted before and after)."""
+    import sqlite3
+
+    work, _ = workspace
+
+    def reservations() -> int:
+        with sqlite3.connect(work / "audit.db") as db:
+            return db.execute("SELECT COUNT(*) FROM ledger WHERE kind = 'reserve'").fetchone()[0]
+
+    before = reservations()
+    spec = str(work / "spec.yaml")
+    code, out, err = run(workspace, command=[KEPSILON, "check", spec, "--release-id", "cli-check-16", "--epsilon", "9"])
+    assert code == 2, err
+    last = out.strip().splitlines()[-1]
+    assert last.startswith("would be refused: suppression ") and "(limit 5.00 %); try " in last
+    assert "Traceback" not in out + err
+    code, out, err = run(workspace, command=[KEPSILON, "check", spec, "--release-id", "cli-check-ok"])
+    assert code == 0, err
+    assert out.strip().splitlines()[-1] == "would publish"
+    assert reservations() == before

@@ -152,6 +152,42 @@ CASES = [
 ]
 
 
+@pytest.mark.parametrize("partitions", [1, 3])
+def test_the_class_partitions_predict_what_the_in_memory_path_predicts(sources, tmp_path, partitions):
+    """Before ε, the partitioned path predicts each class partition (``predict_partition``) and adds the parts:
+    the exact predicted errors equal the in-memory prediction's, and the throw-away draws' figures are close."""
+    import numpy as np
+
+    from kepsilon.engine.anonymise import k_anonymise
+    from kepsilon.engine.predict import Prediction, predict
+    from kepsilon.tasks.classify import classify
+    from kepsilon.tasks.ingest import read_source
+    from kepsilon.tasks.partitioned import predict_partition
+
+    spec = make_spec(sources["sample"], tmp_path)
+    scratch = tmp_path / "scratch"
+    Scratch(scratch).create()
+    root = str(scratch)
+    plan = plan_source(spec.source, partitions)
+    pieces = len(plan.pieces)
+    table = combine_intakes([intake(plan, piece, spec, root) for piece in plan.pieces], spec,
+                            lambda number: distinct_count(root, number, pieces))
+    classes = anonymise(table.histogram, spec).classes
+    targets = class_targets(table.histogram, classes.class_of_tuple, pieces)
+    for piece, offset in zip(plan.pieces, table.offsets):
+        distribute(piece.index, offset, root, table.histogram.tuples, classes.class_of_tuple, targets)
+    whole = Prediction(draws=8, published=np.zeros(8))
+    for index in range(pieces):
+        whole = whole.add(predict_partition(index, pieces, root, spec, 8, index))
+    frame = classify(read_source(spec.source).frame, spec).frame
+    partition = k_anonymise(frame, spec)
+    kept = frame[partition.kept]
+    memory = predict(kept[["HEIGHT"]], partition.class_ids[partition.kept], spec, 8, np.random.default_rng(0))
+    assert whole.records == memory.records == len(kept)
+    assert whole.relative_errors()["HEIGHT"] == pytest.approx(memory.relative_errors()["HEIGHT"], rel=1e-12)
+    assert whole.linking_risk() == pytest.approx(memory.linking_risk(), abs=0.03)
+
+
 @pytest.mark.parametrize("source, partitions, changes", CASES)
 def test_the_stages_publish_the_in_memory_values_in_its_order(sources, tmp_path, source, partitions, changes):
     spec = make_spec(sources[source], tmp_path, **changes)
@@ -350,9 +386,18 @@ def test_a_failed_gate_on_dask_publishes_nothing_and_records_the_failure(
 
     from .conftest import capped_store
 
+    import kepsilon.flows.release_dask as dask_flow
+    from kepsilon.tasks.errors import SpecError
+
     store = capped_store(tmp_path, monkeypatch, "test-population")
     execution = {"engine": "dask", "scheduler": clusters[2].scheduler_address, "partitions": 2}
     spec = make_spec(sources["sample"], tmp_path, execution=execution, max_linking_risk=0.001)
+    # The partitions' prediction refuses it before ε (nothing reserved, no record) ...
+    with pytest.raises(SpecError, match=r"max_linking_risk.*linking risk .* \(limit 0\.10 %\), predicted before any ε"):
+        governed_release(spec)
+    assert store.conn.execute("SELECT COUNT(*) FROM ledger WHERE kind = 'reserve'").fetchone()[0] == 0
+    # ... and with the prediction switched off, as if it had missed, the gate after the noise stops it.
+    monkeypatch.setattr(dask_flow, "_pre_epsilon", lambda *args: {"switched_off": True})
     with pytest.raises(ValidationFailed, match="linking_risk_within_limit"):
         governed_release(spec)
     out = Path(spec.output_dir)

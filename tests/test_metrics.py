@@ -148,15 +148,16 @@ def test_expected_absolute_error_matches_closed_form_and_sampling():
 
 def test_predicted_error_counts_a_zero_in_its_class_diameter():
     """{0,10,20},{100,110,120} at ε = 1: both classes have b = 20, so the prediction is the mean over the
-    five non-zero records of 20/|v| = 0.71 (re-deriving diameters without the zero gave 0.41)."""
+    five non-zero records of 20/|v| = 0.71 (re-deriving diameters without the zero gave 0.41). The bounds
+    lie 50 scales away, so the output clamp changes the expectation by less than e^−50."""
     frame = pd.DataFrame({"X": [0.0, 10.0, 20.0, 100.0, 110.0, 120.0]})
     ids = np.array([0, 0, 0, 1, 1, 1])
-    quasi = SimpleNamespace(column="X", lower=0.0, upper=200.0)
+    quasi = SimpleNamespace(column="X", lower=-1000.0, upper=1200.0)
     result = perturb(frame, ids, [quasi], {"X": 1.0}, "diameter", RecordStreams(bytes(32)))
     assert result.scales["X"].tolist() == [20.0] * 6
     figures = e_quasi_metrics(
         frame["X"].to_numpy(), result.frame["X"].to_numpy(), ids, np.ones(6, dtype=bool), result.scales["X"],
-        column="X", lower=0.0, upper=200.0, epsilon=1.0, scale_basis="diameter",
+        column="X", lower=-1000.0, upper=1200.0, epsilon=1.0, scale_basis="diameter",
     )
     assert round(figures["predicted_relative_error"], 2) == 0.71
     assert figures["predicted_relative_error"] == pytest.approx((2 + 1 + 0.2 + 20 / 110 + 20 / 120) / 5)

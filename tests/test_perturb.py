@@ -10,7 +10,7 @@ import pytest
 from scipy import stats
 
 from kepsilon.tasks.errors import InputError, SpecError
-from kepsilon.engine.metrics import measured_relative_error, predicted_relative_error
+from kepsilon.engine.metrics import expected_relative_errors, measured_relative_error, predicted_relative_error
 from kepsilon.engine.perturb import grid_exponents, public_grid, new_seed, perturb
 from kepsilon.engine.randomness import SEED_BYTES, RecordStreams
 
@@ -44,8 +44,13 @@ def one_class(n: int, low: float, diameter: float) -> pd.DataFrame:
 
 @pytest.mark.parametrize("epsilon", [1.0, 4.0])
 def test_measured_error_converges_to_predicted_over_30_seeds(people, epsilon):
+    """The published values are clamped to the bounds: the measured error converges to the clamped
+    Laplace's expectation, and lies below the paper's unclamped formula (which it equals without a clamp)."""
     frame, class_ids = people
-    predicted = predicted_relative_error(frame["HEIGHT"], class_ids, epsilon)
+    paper = predicted_relative_error(frame["HEIGHT"], class_ids, epsilon)
+    scales = perturb(frame, class_ids, [HEIGHT], {"HEIGHT": epsilon}, "diameter", noise_rng(0)).scales["HEIGHT"]
+    predicted = float(np.mean(expected_relative_errors(
+        frame["HEIGHT"].to_numpy(), scales, lower=130.0, upper=210.0, epsilon=epsilon, scale_basis="diameter")))
     measured = []
     for seed in range(30):
         rng = noise_rng(seed)
@@ -53,7 +58,31 @@ def test_measured_error_converges_to_predicted_over_30_seeds(people, epsilon):
         measured.append(measured_relative_error(frame["HEIGHT"], noisy["HEIGHT"]))
     # Grid rounding moves each value by < b/512, far below this tolerance.
     assert np.mean(measured) == pytest.approx(predicted, rel=0.02)
-    assert predicted > 0
+    assert 0 < predicted < paper
+
+
+def test_diameter_mode_publishes_inside_the_bounds_and_predicts_the_clamped_error():
+    """Issue 22: demo heights were published at −8 … 388 for bounds 130–210. Classes of diameter 80 at
+    ε = 0.1 (b = 800): every published value now lies in the bounds, and the measured error over 200
+    seeds matches the clamped Laplace's exact expectation (the unclamped one, b/|v|, is ~10× larger)."""
+    values = np.tile([130.0, 150.0, 170.0, 190.0, 210.0], 40)
+    frame = pd.DataFrame({"X": values})
+    ids = np.repeat(np.arange(40), 5)
+    x = quasi("X", 130.0, 210.0)
+    measured, published = [], []
+    for seed in range(200):
+        result = perturb(frame, ids, [x], {"X": 0.1}, "diameter", noise_rng(seed % 256))
+        noisy = result.frame["X"].to_numpy()
+        published.append(noisy)
+        measured.append(measured_relative_error(values, noisy))
+    published = np.concatenate(published)
+    assert published.min() >= 130.0 and published.max() <= 210.0
+    assert (published == 130.0).mean() > 0.3 and (published == 210.0).mean() > 0.3  # most draws clamp
+    predicted = float(np.mean(expected_relative_errors(
+        values, result.scales["X"], lower=130.0, upper=210.0, epsilon=0.1, scale_basis="diameter")))
+    unclamped = float(np.mean(800.0 / values))
+    assert np.mean(measured) == pytest.approx(predicted, rel=0.02)
+    assert unclamped > 9 * predicted
 
 
 def test_measured_error_converges_to_predicted_on_mondrian_classes(people):
@@ -67,7 +96,11 @@ def test_measured_error_converges_to_predicted_on_mondrian_classes(people):
     partition = k_anonymise.mondrian(frame, columns, 10, hierarchies)
     kept = frame[partition.kept]
     class_ids = partition.class_ids[partition.kept]
-    predicted = predicted_relative_error(kept["HEIGHT"], class_ids, 1.0)
+    paper = predicted_relative_error(kept["HEIGHT"], class_ids, 1.0)
+    scales = perturb(kept, class_ids, [HEIGHT], {"HEIGHT": 1.0}, "diameter", noise_rng(0)).scales["HEIGHT"]
+    predicted = float(np.mean(expected_relative_errors(
+        kept["HEIGHT"].to_numpy(), scales, lower=130.0, upper=210.0, epsilon=1.0, scale_basis="diameter")))
+    assert predicted <= paper
     measured = [
         measured_relative_error(
             kept["HEIGHT"],
@@ -82,8 +115,10 @@ def test_measured_error_converges_to_predicted_on_mondrian_classes(people):
 def test_noise_is_laplace_with_scale_diameter_over_epsilon(diameter):
     frame = one_class(6000, 100.0, diameter)
     epsilon = 0.5
-    result = perturb(frame, np.zeros(len(frame), dtype=np.int64), [quasi("X", 100.0, 100.0 + diameter)], {"X": epsilon}, "diameter", noise_rng(1))
     b = diameter / epsilon
+    # Bounds 8 scales beyond the values: the output clamp touches about one record in 3,000.
+    bounds = quasi("X", 100.0 - 8 * b, 100.0 + diameter + 8 * b)
+    result = perturb(frame, np.zeros(len(frame), dtype=np.int64), [bounds], {"X": epsilon}, "diameter", noise_rng(1))
     assert np.allclose(result.scales["X"], b)
     noise = result.frame["X"].to_numpy() - frame["X"].to_numpy()
     assert stats.kstest(noise, stats.laplace(scale=b).cdf).pvalue > 0.01
@@ -91,7 +126,8 @@ def test_noise_is_laplace_with_scale_diameter_over_epsilon(diameter):
 
 def test_ks_rejects_a_wrong_scale():
     frame = one_class(20000, 10.0, 2.0)
-    result = perturb(frame, np.zeros(len(frame), dtype=np.int64), [quasi("X", 10.0, 12.0)], {"X": 1.0}, "diameter", noise_rng(2))
+    # Bounds 8 scales beyond the values, so the output clamp touches almost no record.
+    result = perturb(frame, np.zeros(len(frame), dtype=np.int64), [quasi("X", -6.0, 28.0)], {"X": 1.0}, "diameter", noise_rng(2))
     noise = result.frame["X"].to_numpy() - frame["X"].to_numpy()
     assert stats.kstest(noise, stats.laplace(scale=2.0).cdf).pvalue > 0.01
     assert stats.kstest(noise, stats.laplace(scale=2.5).cdf).pvalue < 1e-6
@@ -328,7 +364,8 @@ def test_noise_and_order_do_not_depend_on_how_the_table_is_split(people):
     raw = frame["HEIGHT"].to_numpy() + streams.laplace("HEIGHT", frame.index.to_numpy()) * scales
     noised = scales > 0
     grid = whole.report["columns"]["HEIGHT"]["grid"]
-    assert np.array_equal(whole.frame["HEIGHT"].to_numpy()[noised], np.round(raw[noised] / grid) * grid)
+    snapped = np.clip(np.round(raw[noised] / grid) * grid, 130.0, 210.0)  # the bounds lie on the grid
+    assert np.array_equal(whole.frame["HEIGHT"].to_numpy()[noised], snapped)
     # The published order of any subset is the whole order restricted to it.
     positions = frame.index.to_numpy()
     whole_order = positions[streams.order(positions)]

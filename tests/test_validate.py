@@ -21,6 +21,7 @@ CANARY_DIGITS = "987654321"
 
 ALL_CHECKS = [
     "k_anonymous_groups",
+    "records_published",
     "suppression_within_budget",
     "no_explicit_identifiers",
     "e_quasi_numeric_finite:height",
@@ -81,12 +82,18 @@ def test_good_frame_passes_every_check():
     assert report.failed_checks == []
 
 
-def test_report_holds_only_names_and_booleans():
+def test_report_holds_names_booleans_and_only_the_arithmetic_checks_figures():
+    """The contract with the officers' queries: each check is {name, success}, and the arithmetic checks
+    add their figure and limit (private record only): no value of the table anywhere."""
     report = run(good_frame())
     assert [f.name for f in dataclasses.fields(report)] == ["checks", "success"]
+    with_figures = {"records_published", "suppression_within_budget", "linking_risk_within_limit"}
     for check in report.checks:
-        assert set(check) == {"name", "success"}
+        expected = {"name", "success", "figure", "limit"} if check["name"] in with_figures else {"name", "success"}
+        assert set(check) == expected
         assert type(check["success"]) is bool
+    budget = next(c for c in report.checks if c["name"] == "suppression_within_budget")
+    assert type(budget["figure"]) is float and type(budget["limit"]) is float
     json.dumps(dataclasses.asdict(report))  # plain JSON, no numpy scalars
 
 
@@ -214,7 +221,7 @@ def test_suite_that_raises_fails_closed_without_leaking(monkeypatch, caplog):
     monkeypatch.setattr(validate_module, "_validation_definition", lambda expectations: Exploding())
     with caplog.at_level(logging.WARNING):
         report = run(good_frame())
-    assert [c["name"] for c in report.checks if c["success"]] == ["suppression_within_budget"]
+    assert [c["name"] for c in report.checks if c["success"]] == ["records_published", "suppression_within_budget"]
     assert report.success is False
     assert "RuntimeError" in caplog.text
     assert "QZXsecret" not in caplog.text

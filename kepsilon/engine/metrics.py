@@ -9,8 +9,8 @@ which would bias the figure; shift or rescale such a column before using relativ
 
 The release's predicted error (:func:`e_quasi_metrics`) is computed from the scales the perturbation
 actually drew with, not from re-derived diameters: a class holding a zero has that zero in its
-diameter even though the zero's own relative error is undefined, and bounds mode clamps inputs and
-outputs. See :func:`expected_absolute_error` for the exact expectation. Every figure here is computed
+diameter even though the zero's own relative error is undefined, and both scale bases clamp inputs and
+outputs to the public bounds. See :func:`expected_absolute_error` for the exact expectation. Every figure here is computed
 from private values and belongs in the private audit record only (method.md §9).
 """
 
@@ -170,8 +170,8 @@ def expected_absolute_error(original, centre, scales, low: float = -math.inf, hi
 
     ``original``: ``v``; ``centre``: ``c``, the value the noise was added to (``v`` clamped to the
     public bounds); ``scales``: ``b`` per row (0: no noise, ``Y = clamp(c, low, high)``); ``low``,
-    ``high``: the output clamp (infinite in diameter mode; the bounds rounded inwards to the grid,
-    ``L'`` and ``U'``, in bounds mode). With ``S(t) = P(c + X > t)``,
+    ``high``: the output clamp (the release's: the bounds rounded inwards to the grid, ``L'`` and
+    ``U'``, in both scale bases; infinite for an unclamped Laplace). With ``S(t) = P(c + X > t)``,
 
         E|Y − v| = ∫_v^∞ P(Y > t) dt + ∫_−∞^v P(Y ≤ t) dt
                  = (lo − v)⁺ + ∫_{max(v,lo)}^{hi} S + (v − hi)⁺ + ∫_{lo}^{min(v,hi)} (1 − S),
@@ -212,7 +212,7 @@ def expected_relative_errors(original, scales, *, lower: float, upper: float, ep
     """Per row, the expected relative error ``E|published − v|/|v|`` of one ε-quasi before any noise is drawn.
 
     ``scales``: the Laplace scale each row's noise is drawn with (:func:`kepsilon.engine.perturb.noise_scales`).
-    Inputs are clamped to the public bounds before the noise, and in bounds mode the outputs to the bounds
+    Inputs are clamped to the public bounds before the noise, and the outputs (both bases) to the bounds
     rounded inwards to the public grid, exactly as :func:`kepsilon.engine.perturb.perturb` does; the
     expectation is :func:`expected_absolute_error`. A zero original has no relative error: its entry is NaN.
     The one definition behind the release's predicted error, the advisor's and the per-group figures.
@@ -220,10 +220,8 @@ def expected_relative_errors(original, scales, *, lower: float, upper: float, ep
     original = np.asarray(original, dtype=np.float64)
     scales = np.asarray(scales, dtype=np.float64)
     centre = np.clip(original, lower, upper)
-    if scale_basis == "bounds":
-        low, high = grid_bounds(lower, upper, public_grid(lower, upper, epsilon))
-    else:
-        low, high = -math.inf, math.inf
+    # Both bases clamp the noisy value to the bounds rounded inwards to the public grid.
+    low, high = grid_bounds(lower, upper, public_grid(lower, upper, epsilon))
     expected = expected_absolute_error(original, centre, scales, low, high)
     with np.errstate(divide="ignore", invalid="ignore"):
         return np.where(original != 0, expected / np.abs(original), np.nan)
@@ -253,7 +251,7 @@ def e_quasi_metrics(
     undefined; such records are counted in ``zero_values_excluded``, not failing a release whose
     noise is already drawn): ``measured = mean |published − v|/|v|`` and ``predicted = mean
     E|published − v|/|v|`` with the expectation of :func:`expected_absolute_error` (``b`` per row in
-    diameter mode, the input and output clamps included in bounds mode). Linking risk is over the
+    diameter mode, the input and output clamps included in both modes). Linking risk is over the
     published records only, since suppression exists to remove the linkable ones.
     """
     original = _values("original", original)

@@ -36,10 +36,11 @@ then mostly ``v`` rounded to the grid (still post-processing of ``v + Lap(b)``).
 logarithm. The release is refused (``SpecError('epsilon')``) if ``Λ_a`` is less than
 ``2**SPACING_MARGIN_BITS`` times the float spacing (``np.spacing``) at the magnitude of any noised
 record's original or raw noisy value: then every grid cell spans at least 2^20 floats and the
-reachable-float pattern inside a cell is not visible in the output. In bounds mode the noisy value is
-finally clamped to the bounds rounded inwards to the grid, ``[L', U']``, so every output lies on the
-grid *and* inside ``[lower, upper]`` (clamping is post-processing). Zero-diameter classes are
-published unchanged, not snapped.
+reachable-float pattern inside a cell is not visible in the output. In both scale bases the noisy value
+is finally clamped to the bounds rounded inwards to the grid, ``[L', U']``, so every output lies on the
+grid *and* inside ``[lower, upper]`` (clamping is post-processing: it costs no ε, and the expected
+error of the clamped value is what the release predicts, ``metrics.expected_absolute_error``).
+Zero-diameter classes are published unchanged (their values, clamped to the bounds), not snapped.
 
 This is the snapping *idea*, not Mironov's mechanism with its proof: the Laplace draw is numpy's
 (inverse-CDF on a 53-bit uniform), whose own rounding is not analysed here.
@@ -252,6 +253,37 @@ def snap(raw: np.ndarray, grid) -> np.ndarray:
     return np.round(raw / grid) * grid
 
 
+NOISE_TAIL_SCALES = 64  # P(|Laplace(b)| > 64·b) = e^−64: the reach of a noisy value checked before any noise
+
+
+def check_noise_grid(e_quasis: Sequence[Any], epsilon_split: dict[str, float]) -> None:
+    """Refuse (``SpecError('epsilon')``), before any ε is reserved, an ε at which the noise of some ε-quasi
+    could not be published: its public grid wider than its bounds (ε too small), or finer than
+    ``2**SPACING_MARGIN_BITS`` float steps at the largest magnitude a value in the bounds plus its noise
+    reaches (``NOISE_TAIL_SCALES`` public scales; ε too large). Reads the spec only, never a value, so the
+    check that :func:`perturb` repeats on the drawn values passes whenever this one did (but for noise beyond
+    64 scales, probability e^−64)."""
+    for quasi in e_quasis:
+        column = quasi.column
+        epsilon = _checked_epsilon(column, epsilon_split)
+        lower, upper = _checked_bounds(quasi)
+        grid = public_grid(lower, upper, epsilon)
+        inner_low, inner_high = grid_bounds(lower, upper, grid)
+        if inner_low > inner_high:
+            raise SpecError(
+                "epsilon",
+                f"column {column!r}: ε is so small that the noise grid is wider than the bounds; use a larger ε "
+                "(or wider public bounds)",
+            )
+        reach = max(abs(lower), abs(upper)) + NOISE_TAIL_SCALES * (upper - lower) / epsilon
+        if grid < np.ldexp(np.spacing(reach), SPACING_MARGIN_BITS):
+            raise SpecError(
+                "epsilon",
+                f"column {column!r}: ε is so large that the noise grid is finer than the values' float precision "
+                f"(under 2^{SPACING_MARGIN_BITS} float steps); use a smaller ε",
+            )
+
+
 def _check_grid_resolution(column: str, grid: float, *magnitudes: np.ndarray) -> None:
     if not len(magnitudes[0]):
         return
@@ -323,10 +355,9 @@ def perturb(
         noisy = values.copy()
         noised = scale > 0
         _check_grid_resolution(column, grid, values[noised], raw[noised])
-        snapped = snap(raw[noised], grid)
-        if scale_basis == "bounds":
-            snapped = np.clip(snapped, inner_low, inner_high)
-        noisy[noised] = snapped
+        # Clamped to the bounds rounded inwards to the grid in both bases (post-processing): every
+        # published value lies on the grid and inside the public bounds.
+        noisy[noised] = np.clip(snap(raw[noised], grid), inner_low, inner_high)
         out[column] = pd.Series(noisy, index=frame.index, name=column)
         scales[column] = scale
         columns_report[column] = {

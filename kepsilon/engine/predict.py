@@ -1,0 +1,120 @@
+"""What a release would publish, predicted before any ε is reserved (the checks of "refuse before you spend").
+
+Two figures decide, before the noise, whether a release would pass its gate:
+
+- the **predicted relative error** of every ε-quasi, exact given the partition:
+  :func:`kepsilon.engine.metrics.expected_relative_errors` on the scales the noise would be drawn with
+  (the clamps included), the release's own prediction;
+- the **linking risk** and the records **confidence suppression** would leave, by Monte-Carlo over noise
+  drawn here from a throw-away generator and never used for a release (the advisor's method,
+  ``tasks/advise.py``): ``draws`` copies of the kept records are stacked, copy d of class c a class of its
+  own, and perturbed, suppressed and linked at once.
+
+Everything is kept as sums (:class:`Prediction` adds up), so a partitioned release predicts partition by
+partition and adds the parts. Every figure is computed from private values (the steward's, never public).
+"""
+
+from dataclasses import dataclass, field
+
+import numpy as np
+import pandas as pd
+
+from .metrics import expected_relative_errors, linked_records
+from .perturb import dense_class_ids, noise_scales, perturb
+from .suppress import suppress_records
+
+MAX_DRAWS = 10
+STACKED_ROWS = 2_000_000  # rows of the stacked draws a prediction may hold at once
+
+
+def draws_for(records: int) -> int:
+    """Throw-away draws for a table of ``records`` kept records: 10, fewer for large tables (at least 2)."""
+    return int(min(MAX_DRAWS, max(2, STACKED_ROWS // max(int(records), 1))))
+
+
+@dataclass
+class Prediction:
+    """Sums over kept records, added over partitions. Per ε-quasi: the expected relative errors and the
+    records with a non-zero value; per draw: records published and, per ε-quasi, published records linked."""
+
+    draws: int
+    records: int = 0
+    error_sums: dict[str, float] = field(default_factory=dict)
+    error_counts: dict[str, int] = field(default_factory=dict)
+    published: np.ndarray | None = None
+    linked: dict[str, np.ndarray] = field(default_factory=dict)
+
+    def add(self, other: "Prediction") -> "Prediction":
+        """The prediction of both sets of records (disjoint classes)."""
+        if self.draws != other.draws:
+            raise ValueError("predictions with different draw counts cannot be added")
+        columns = set(self.error_sums) | set(other.error_sums)
+        zero = np.zeros(self.draws)
+        return Prediction(
+            draws=self.draws,
+            records=self.records + other.records,
+            error_sums={c: self.error_sums.get(c, 0.0) + other.error_sums.get(c, 0.0) for c in columns},
+            error_counts={c: self.error_counts.get(c, 0) + other.error_counts.get(c, 0) for c in columns},
+            published=(self.published if self.published is not None else zero)
+            + (other.published if other.published is not None else zero),
+            linked={c: self.linked.get(c, zero) + other.linked.get(c, zero) for c in set(self.linked) | set(other.linked)},
+        )
+
+    def relative_errors(self) -> dict[str, float]:
+        """Per ε-quasi, the predicted mean relative error (0 when no record has a non-zero value)."""
+        return {c: (self.error_sums[c] / self.error_counts[c] if self.error_counts[c] else 0.0) for c in self.error_sums}
+
+    def linking_risk_per_draw(self) -> np.ndarray:
+        """Per draw, the release's figure: the largest share, over ε-quasis, of published records linked."""
+        published = self.published if self.published is not None else np.zeros(self.draws)
+        shares = [linked / np.maximum(published, 1) for linked in self.linked.values()]
+        return np.max(shares, axis=0) if shares else np.zeros(self.draws)
+
+    def linking_risk(self) -> float:
+        """The mean over the draws of the linking risk: the figure the pre-ε gate compares with its limit."""
+        return float(self.linking_risk_per_draw().mean())
+
+    def published_records(self) -> float:
+        """The mean over the draws of the records confidence suppression would leave."""
+        return float(self.published.mean()) if self.published is not None else 0.0
+
+
+def predict(kept: pd.DataFrame, class_ids: np.ndarray, spec, draws: int, rng: np.random.Generator) -> Prediction:
+    """The prediction for ``kept`` (the anonymiser's kept records, ε-quasi columns at least) in ``class_ids``.
+
+    ``spec``: the release's (``roles.e_quasi``, ``epsilon_split()``, ``scale_basis``, ``k``, ``confidence``).
+    ``rng``: a generator of throw-away noise (a fresh ``secrets`` seed in a release; fixed in a test).
+    """
+    columns = [q.column for q in spec.roles.e_quasi]
+    split = spec.epsilon_split()
+    dense, n_classes = dense_class_ids(class_ids, len(kept))
+    prediction = Prediction(draws=draws, records=len(kept), published=np.zeros(draws))
+    for quasi in spec.roles.e_quasi:
+        values = kept[quasi.column].to_numpy(dtype=np.float64)
+        clamped = np.clip(values, quasi.lower, quasi.upper)
+        epsilon = split[quasi.column]
+        scales = noise_scales(clamped, dense, n_classes, quasi.lower, quasi.upper, epsilon, spec.scale_basis)
+        expected = expected_relative_errors(
+            values, scales, lower=quasi.lower, upper=quasi.upper, epsilon=epsilon, scale_basis=spec.scale_basis
+        )
+        nonzero = values != 0
+        prediction.error_sums[quasi.column] = float(expected[nonzero].sum())
+        prediction.error_counts[quasi.column] = int(nonzero.sum())
+        prediction.linked[quasi.column] = np.zeros(draws)
+    m = len(kept)
+    if m == 0:
+        return prediction
+    stacked = pd.DataFrame({c: np.tile(kept[c].to_numpy(), draws) for c in columns})
+    draw_of_row = np.repeat(np.arange(draws), m)
+    stacked_ids = np.tile(dense, draws) + draw_of_row * n_classes
+    noisy = perturb(stacked, stacked_ids, spec.roles.e_quasi, split, spec.scale_basis, rng)
+    published = ~suppress_records(stacked, noisy.frame, stacked_ids, noisy.scales, spec).removed
+    prediction.published = np.bincount(draw_of_row[published], minlength=draws).astype(np.float64)
+    for column in columns:
+        linked = linked_records(
+            stacked[column].to_numpy(dtype=np.float64)[published],
+            noisy.frame[column].to_numpy(dtype=np.float64)[published],
+            stacked_ids[published],
+        )
+        prediction.linked[column] = np.bincount(draw_of_row[published][linked], minlength=draws).astype(np.float64)
+    return prediction
