@@ -377,7 +377,7 @@ def release(
     release_id: Optional[str] = typer.Option(None, "--release-id", help="override the spec's release id"),
     algorithm: Optional[str] = typer.Option(None, "--algorithm", help="mondrian or ola"),
     operator: Optional[str] = typer.Option(None, "--operator", help="who runs the release (default: OS user)"),
-    db: Optional[Path] = typer.Option(None, "--db", envvar="KEPSILON_AUDIT_DB", help="audit store (default ./audit.db)"),
+    db: Optional[Path] = typer.Option(None, "--db", envvar="KEPSILON_AUDIT_DB", help="audit store (default ./.kepsilon/audit.db)"),
     debug: bool = typer.Option(False, "--debug", help="also print the traceback of a refusal"),
 ) -> None:
     """Run the governed-release flow on SPEC.yaml and print the release summary.
@@ -465,7 +465,7 @@ def check(
     release_id: Optional[str] = typer.Option(None, "--release-id", help="override the spec's release id"),
     algorithm: Optional[str] = typer.Option(None, "--algorithm", help="mondrian or ola"),
     operator: Optional[str] = typer.Option(None, "--operator", help="who would run the release (default: OS user)"),
-    db: Optional[Path] = typer.Option(None, "--db", envvar="KEPSILON_AUDIT_DB", help="audit store (default ./audit.db)"),
+    db: Optional[Path] = typer.Option(None, "--db", envvar="KEPSILON_AUDIT_DB", help="audit store (default ./.kepsilon/audit.db)"),
     debug: bool = typer.Option(False, "--debug", help="also print the traceback of a refusal"),
 ) -> None:
     """Everything `kepsilon release SPEC.yaml` would decide without noise, then one line: "would publish" or
@@ -537,7 +537,7 @@ def advise(
         None, "--max-linking-risk", help="smallest k with linking risk ≤ this"
     ),
     operator: Optional[str] = typer.Option(None, "--operator", help="who asks (default: OS user)"),
-    db: Optional[Path] = typer.Option(None, "--db", envvar="KEPSILON_AUDIT_DB", help="audit store (default ./audit.db)"),
+    db: Optional[Path] = typer.Option(None, "--db", envvar="KEPSILON_AUDIT_DB", help="audit store (default ./.kepsilon/audit.db)"),
 ) -> None:
     """Print what each k and ε of a grid would do to SPEC.yaml's data, before any ε is spent.
 
