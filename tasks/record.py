@@ -6,6 +6,8 @@ runnable on another worker). A refusal (no approval, budget exhausted) and a fai
 recorded too, so officers can see what was attempted, not only what was published.
 """
 
+import os
+
 from prefect import task
 from prefect.cache_policies import NO_CACHE
 
