@@ -48,6 +48,7 @@ from kepsilon.engine.perturb import public_grid
 from kepsilon.tasks.progress import release_progress, stage
 from kepsilon.tasks.preflight import check_output, find_published
 from kepsilon.tasks.publish import merge_and_shuffle, move_into_place, published_columns, stage_release
+from kepsilon.tasks.scratch import sweep_leftover_scratch
 from kepsilon.tasks.record import check_approval, record_outcome, reserve_epsilon, store_location, verify_store
 from kepsilon.tasks.suppress import suppress_linkable, suppress_undiverse
 from kepsilon.tasks.validate import check_dp_release, check_release
@@ -69,6 +70,7 @@ def governed_release(spec: ReleaseSpec) -> dict:
     release that was already published it is the stored record, marked ``already_published``.
     """
     spec = spec.for_run(_run_day(), flow_run.name or "run")
+    sweep_leftover_scratch(spec)  # a killed Dask run's sealed scratch, whatever its id or engine
     if spec.execution.engine == "dask":
         # The partitioned path: the same governance, partition by partition on Dask (flows/release_dask.py).
         from kepsilon.flows.release_dask import release_on_dask

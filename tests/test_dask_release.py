@@ -11,6 +11,7 @@ published folder is compared with the in-memory path run with the seed it sealed
 import csv
 import io
 import json
+import os
 from pathlib import Path
 
 import numpy as np
@@ -111,9 +112,7 @@ def as_published(frame: pd.DataFrame) -> pd.DataFrame:
 
 def run_stages(spec: ReleaseSpec, seed: bytes, partitions: int, folder: Path):
     """The partitioned path's stages one after the other, as the flow orders them (no Prefect, no Dask)."""
-    scratch = folder / "scratch"
-    Scratch(scratch).create()
-    root = str(scratch)
+    root = Scratch.new(folder / "scratch")
     plan = plan_source(spec.source, partitions)
     pieces = len(plan.pieces)
     intakes = [intake(plan, piece, spec, root) for piece in plan.pieces]
@@ -136,7 +135,7 @@ def run_stages(spec: ReleaseSpec, seed: bytes, partitions: int, folder: Path):
     (staging / DATASET).mkdir(parents=True)
     written = [publish_part(q, pieces, root, str(staging), failing, spec, meta, True, len(coder.sensitive))
                for q in range(pieces)]
-    data_csv = csv_header(meta) + b"".join(Scratch(root).read("csv", q) for q in range(pieces))
+    data_csv = csv_header(meta) + b"".join(root.read("csv", q) for q in range(pieces))
     published = pq.read_table(staging / DATASET).to_pandas()
     return published, data_csv, outcome, written, plan
 
@@ -241,6 +240,16 @@ def clusters():
         one.close()
 
 
+def private_temporary_folder(tmp_path, monkeypatch) -> Path:
+    """A temporary folder of the test's own as the system's (where the default scratch goes)."""
+    import tempfile
+
+    folder = tmp_path / "tmp"
+    folder.mkdir()
+    monkeypatch.setattr(tempfile, "tempdir", str(folder))
+    return folder
+
+
 def unsealed_seed(store, release_id: str) -> bytes:
     from kepsilon.audit.seeds import unseal_seed
 
@@ -266,6 +275,7 @@ def test_the_flow_on_dask_publishes_what_the_in_memory_path_publishes(
     from .conftest import capped_store
 
     store = capped_store(tmp_path, monkeypatch, "test-population")
+    temporary = private_temporary_folder(tmp_path, monkeypatch)
     execution = {"engine": "dask", "scheduler": clusters[workers].scheduler_address, "partitions": partitions, "csv": True}
     spec = make_spec(sources[source], tmp_path, execution=execution, **changes)
     record = governed_release(spec)
@@ -286,7 +296,8 @@ def test_the_flow_on_dask_publishes_what_the_in_memory_path_publishes(
     assert record["execution"]["engine"] == "dask"
     releases = list(store["releases"].rows)
     assert [(r["release_id"], r["outcome"], r["rows_published"]) for r in releases] == [("dask-test", "published", len(expected))]
-    assert not (Path(spec.output_dir) / ".dask-test.scratch").exists()  # the private scratch is gone
+    # The private scratch was outside the output folder and is gone: the account's folder is empty.
+    assert list((temporary / f"kepsilon-scratch-{os.getuid()}").iterdir()) == []
     assert _progress_of(record["execution"]["flow_run_id"]) == 100.0
     _assert_the_api_never_saw_the_seed(record["execution"]["flow_run_id"], seed, partitions)
 
@@ -351,6 +362,7 @@ def test_a_failed_gate_on_dask_publishes_nothing_and_records_the_failure(
     from .conftest import capped_store
 
     store = capped_store(tmp_path, monkeypatch, "test-population")
+    private_temporary_folder(tmp_path, monkeypatch)
     execution = {"engine": "dask", "scheduler": clusters[2].scheduler_address, "partitions": 2}
     spec = make_spec(sources["sample"], tmp_path, execution=execution, max_linking_risk=0.001)
     with pytest.raises(ValidationFailed, match="linking_risk_within_limit"):
