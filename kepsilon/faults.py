@@ -20,7 +20,8 @@ it (the one that creates the path): a killed worker's task, run again, then comp
 
 A point can also *hold* instead of kill, so that a scenario acts at exactly that moment however busy
 the machine is: with env ``KEPSILON_HOLD_AT`` naming the point and ``KEPSILON_HOLD_FILE`` a path, the
-release writes ``PATH.reached`` there and waits (up to ``HOLD_SECONDS``) until ``PATH`` exists.
+release writes ``PATH.reached`` there and waits (up to ``HOLD_SECONDS``, or env ``KEPSILON_HOLD_SECONDS``)
+until ``PATH`` exists.
 
 Production never sets the variables; the check costs two dictionary lookups.
 """
@@ -71,6 +72,6 @@ def _first_to_arrive() -> bool:
 def _hold(release: Path) -> None:
     """Say the point is reached, then wait for the scenario to create ``release``."""
     release.with_name(release.name + ".reached").touch()
-    deadline = time.monotonic() + HOLD_SECONDS
+    deadline = time.monotonic() + float(os.environ.get("KEPSILON_HOLD_SECONDS") or HOLD_SECONDS)
     while not release.exists() and time.monotonic() < deadline:
         time.sleep(0.01)

@@ -138,37 +138,76 @@ def _tree_ports(pid: int) -> list[tuple[str, int]]:
     return found
 
 
-def _intrusions(port: int) -> dict[str, bool]:
-    """What an intruder gets from a port: True where it got something."""
+INTRUDER = """
+import os, socket, ssl, sys, urllib.error, urllib.request
+from distributed import Client, Security
+port, attempts = int(sys.argv[1]), sys.argv[2:]
+
+
+def attempt(how):
+    if how == "http":
+        try:
+            urllib.request.urlopen(f"http://127.0.0.1:{port}/info/main/workers.html", timeout=5)
+            return "GOT a page"
+        except urllib.error.HTTPError as answer:
+            return "GOT a page" if answer.code != 404 else "refused: 404"
+        except Exception as error:
+            return f"refused: {type(error).__name__}"
+    if how == "tls-no-certificate":
+        context = ssl.create_default_context()
+        context.check_hostname, context.verify_mode = False, ssl.CERT_NONE
+        try:  # a TLS alert (certificate required) is a refusal; silence means the session was open
+            with socket.create_connection(("127.0.0.1", port), timeout=5) as raw, context.wrap_socket(raw) as tls:
+                tls.sendall(bytes(8))
+                tls.recv(1)
+            return "GOT a TLS session"
+        except ssl.SSLError as error:
+            return f"refused: {error.reason}"
+        except OSError as error:
+            return "GOT a TLS session" if isinstance(error, TimeoutError) else f"refused: {type(error).__name__}"
+    options = {"security": Security.temporary()} if how == "tls-own-credentials" else {}
+    scheme = "tls" if how == "tls-own-credentials" else "tcp"
+    try:
+        with Client(f"{scheme}://127.0.0.1:{port}", timeout=5, **options) as intruder:
+            return f"GOT a task run in process {intruder.submit(os.getpid).result(timeout=5)}"
+    except Exception as error:
+        return f"refused: {type(error).__name__}"
+
+
+for how in attempts:
+    print(how, attempt(how), flush=True)
+"""
+
+
+def _is_http(port: int) -> bool:
     import urllib.error
     import urllib.request
 
-    from distributed import Client, Security
-
-    got = {}
-    for name, security in (("dask client without credentials", None), ("dask client, its own credentials", Security.temporary())):
-        for scheme in ("tls", "tcp"):
-            try:
-                options = {"security": security} if security else {}
-                with Client(f"{scheme}://127.0.0.1:{port}", timeout=5, **options) as intruder:
-                    intruder.submit(os.getpid).result(timeout=5)
-                got[f"{name} ({scheme})"] = True
-            except Exception:  # noqa: BLE001 - any refusal is what we want
-                got[f"{name} ({scheme})"] = False
-    context = ssl.create_default_context()
-    context.check_hostname, context.verify_mode = False, ssl.CERT_NONE
     try:
-        with socket.create_connection(("127.0.0.1", port), timeout=5) as raw, context.wrap_socket(raw) as tls:
-            tls.sendall(b"\0" * 8)
-            got["TLS handshake without a certificate"] = bool(tls.recv(1))
-    except (OSError, ssl.SSLError):
-        got["TLS handshake without a certificate"] = False
-    try:
-        urllib.request.urlopen(f"http://127.0.0.1:{port}/info/main/workers.html", timeout=5)
-        got["HTTP page"] = True
+        urllib.request.urlopen(f"http://127.0.0.1:{port}/", timeout=5)
+    except urllib.error.HTTPError:
+        return True
     except (urllib.error.URLError, OSError, ValueError):
-        got["HTTP page"] = False
-    return got
+        return False
+    return True
+
+
+def _intrusions(port: int) -> dict[str, bool]:
+    """What another process gets from a port: True where it got something (a page, a session, a task run).
+
+    The attempts run in a process of their own, as another account's would, with a hard time limit (an
+    attempt that hangs got nothing)."""
+    import sys
+
+    attempts = ["http"] if _is_http(port) else ["tls-no-certificate", "tls-own-credentials", "tcp-no-credentials"]
+    try:
+        answer = subprocess.run([sys.executable, "-c", INTRUDER, str(port), *attempts], capture_output=True, text=True,
+                                timeout=120).stdout
+    except subprocess.TimeoutExpired as hung:
+        answer = hung.stdout or ""
+        answer = answer.decode() if isinstance(answer, bytes) else answer
+    lines = dict(line.split(" ", 1) for line in answer.splitlines() if " " in line)
+    return {how: lines.get(how, "").startswith("GOT") for how in attempts}
 
 
 def cluster_intruder_scenario(results: Results, env: dict, work: Path, sample: Path) -> None:
@@ -176,7 +215,8 @@ def cluster_intruder_scenario(results: Results, env: dict, work: Path, sample: P
     cat = "dask cluster"
     work.mkdir(parents=True, exist_ok=True)
     hold = work / "hold"
-    run_env = {**_environment(env, work), "KEPSILON_HOLD_AT": "dask-distribute", "KEPSILON_HOLD_FILE": str(hold)}
+    run_env = {**_environment(env, work), "KEPSILON_HOLD_AT": "dask-distribute", "KEPSILON_HOLD_FILE": str(hold),
+               "KEPSILON_HOLD_SECONDS": "1200"}
     spec = _dask_spec(work, "held-release", sample, workers=2)
     process = subprocess.Popen([str(BIN / "kepsilon"), "release", str(spec)], cwd=work, env=run_env,
                                stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
@@ -192,6 +232,8 @@ def cluster_intruder_scenario(results: Results, env: dict, work: Path, sample: P
         gains = {f"{what} on port {port}": ok for _, port in ports for what, ok in _intrusions(port).items()}
         results.add(cat, "another client gets nothing from any port (no task run, no page)", not any(gains.values()),
                     f"{sum(gains.values())} of {len(gains)} attempts got something: {[k for k, v in gains.items() if v]}")
+        still = process.poll() is None and set(_tree_ports(process.pid)) == set(ports)
+        results.add(cat, "the release was still held, the same ports open, after every attempt", still)
     finally:
         hold.touch()
         try:

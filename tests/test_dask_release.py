@@ -319,6 +319,10 @@ def _assert_the_api_never_saw_the_seed(flow_run_id: str, seed: bytes, partitions
     # A plain value's input is recorded as its type at most (prefect-dask records none): never its content.
     streams_inputs = {str(inp) for t in perturbing for inp in t.task_inputs.get("streams", [])}
     assert streams_inputs <= {"Constant(input_type='constant', type='RecordStreams')"}
+    # The scratch folder's key travels the same way: as a Scratch, recorded as its type at most.
+    scratch_inputs = {str(inp) for t in tasks for inp in t.task_inputs.get("scratch", [])}
+    assert scratch_inputs <= {"Constant(input_type='constant', type='Scratch')"}
+    assert "key=<withheld>" not in json.dumps([t.model_dump(mode="json") for t in tasks])
     seen = json.dumps({"parameters": run.parameters, "tasks": [t.model_dump(mode="json") for t in tasks],
                        "logs": [entry.message for entry in logs]})
     for form in (seed.hex(), base64.b64encode(seed).decode(), base64.urlsafe_b64encode(seed).decode(), repr(seed)):

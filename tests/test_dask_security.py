@@ -253,11 +253,10 @@ def test_the_local_cluster_admits_only_the_runs_credentials(closed_cluster):
     # A TLS handshake without a client certificate is refused by the scheduler.
     context = ssl.create_default_context()
     context.check_hostname, context.verify_mode = False, ssl.CERT_NONE
-    with pytest.raises((ssl.SSLError, ConnectionError)):
+    with pytest.raises(ssl.SSLError, match="CERTIFICATE_REQUIRED|certificate required"):  # a TLS alert, not silence
         with socket.create_connection((host, port), timeout=5) as raw, context.wrap_socket(raw) as tls:
             tls.sendall(b"\0" * 8)
-            if not tls.recv(1):
-                raise ConnectionResetError("closed by the scheduler")
+            tls.recv(1)
     # The run's own client (the cluster's credentials) runs work.
     with Client(closed_cluster) as own:
         assert own.submit(pow, 2, 10).result(timeout=30) == 1024
