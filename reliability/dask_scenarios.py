@@ -180,6 +180,8 @@ for how in attempts:
 
 
 def _is_http(port: int) -> bool:
+    """Whether a port answers HTTP (a status line, whatever the status)."""
+    import http.client
     import urllib.error
     import urllib.request
 
@@ -187,8 +189,8 @@ def _is_http(port: int) -> bool:
         urllib.request.urlopen(f"http://127.0.0.1:{port}/", timeout=5)
     except urllib.error.HTTPError:
         return True
-    except (urllib.error.URLError, OSError, ValueError):
-        return False
+    except (urllib.error.URLError, http.client.HTTPException, OSError, ValueError):
+        return False  # a Dask comm answers with its own handshake, or hangs up
     return True
 
 
