@@ -416,3 +416,44 @@ def test_positive_control_the_intruders_probe_gets_in_where_a_cluster_is_open():
         port = int(open_cluster.scheduler_address.rsplit(":", 1)[1])
         got = _intrusions(port)
     assert got["tcp-no-credentials"] is True
+
+
+@pytest.mark.heavy  # a flow run on a LocalCluster of its own
+@pytest.mark.flow
+@pytest.mark.usefixtures("prefect_harness")
+def test_the_scratch_key_reaches_no_log_no_api_record_and_no_file(tmp_path, monkeypatch):
+    """A known key planted in the flow's process (tests only: production has no hook): after the release,
+    its bytes appear nowhere the Prefect API keeps for the run, nor in any file of the scratch base, the
+    output folder or the private reports."""
+    import base64
+    import json
+    import tempfile
+    from unittest.mock import patch
+
+    from prefect.client.orchestration import get_client
+    from prefect.client.schemas.filters import FlowRunFilter, FlowRunFilterId, LogFilter, LogFilterFlowRunId
+
+    from kepsilon.flows.release import governed_release
+
+    from .conftest import capped_store
+
+    capped_store(tmp_path, monkeypatch, "test-population")
+    monkeypatch.setattr(tempfile, "tempdir", str(tmp_path / "tmp"))
+    (tmp_path / "tmp").mkdir()
+    secret = os.urandom(32)
+    with patch("kepsilon.tasks.scratch.ScratchKey.generate", classmethod(lambda cls: cls(secret))):
+        record = governed_release(spec_with(tmp_path, workers=1, partitions=2))
+
+    with get_client(sync_client=True) as client:
+        run_id = record["execution"]["flow_run_id"]
+        runs = client.read_flow_runs()
+        tasks = client.read_task_runs(flow_run_filter=FlowRunFilter(id=FlowRunFilterId(any_=[r.id for r in runs])))
+        logs = client.read_logs(log_filter=LogFilter(flow_run_id=LogFilterFlowRunId(any_=[r.id for r in runs])))
+    assert any(str(r.id) == run_id for r in runs) and any(t.name.startswith("perturb-suppress") for t in tasks)
+    seen = json.dumps({"runs": [r.model_dump(mode="json") for r in runs], "tasks": [t.model_dump(mode="json") for t in tasks],
+                       "logs": [entry.message for entry in logs]})
+    forms = [secret.hex(), secret.hex().upper(), base64.b64encode(secret).decode(), base64.urlsafe_b64encode(secret).decode(),
+             repr(secret)]
+    assert not [form for form in forms if form in seen]
+    files = [p for p in tmp_path.rglob("*") if p.is_file()]
+    assert files and not [p for p in files if secret in p.read_bytes() or secret.hex().encode() in p.read_bytes()]
