@@ -18,8 +18,6 @@ folder, so the default scratch it uses and sweeps is its own.
 from __future__ import annotations
 
 import os
-import socket
-import ssl
 import struct
 import subprocess
 import time
