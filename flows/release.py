@@ -39,7 +39,7 @@ from kepsilon.tasks.classify import classify_attributes
 from kepsilon.tasks.certificate import certificate_figures, refuse_risk_over_limits, write_release_certificate
 from kepsilon.engine.criteria import disclosure_report
 from kepsilon.tasks.dp_release import draw_dp_release, plan_dp_release
-from kepsilon.tasks.errors import ReleaseFailed, SpecError, ValidationFailed, describe_failure
+from kepsilon.tasks.errors import ReleaseFailed, ValidationFailed, describe_failure
 from kepsilon.tasks.figures import RELEASE_CAPTIONS, private_report_dir, release_figures, write_figures
 from kepsilon.tasks.ingest import ingest_source
 from kepsilon.tasks.k_anonymise import k_anonymise_records
@@ -58,6 +58,7 @@ from kepsilon.tasks.preflight import (
 )
 from kepsilon.engine.predict import draws_for, predict
 from kepsilon.tasks.publish import merge_and_shuffle, move_into_place, published_columns, stage_release
+from kepsilon.tasks.scratch import sweep_leftover_scratch
 from kepsilon.tasks.record import (
     check_approval,
     check_seed_key,
@@ -86,6 +87,7 @@ def governed_release(spec: ReleaseSpec) -> dict:
     release that was already published it is the stored record, marked ``already_published``.
     """
     spec = spec.for_run(_run_day(), flow_run.name or "run")
+    sweep_leftover_scratch(spec)  # a killed Dask run's sealed scratch, whatever its id or engine
     if spec.execution.engine == "dask":
         # The partitioned path: the same governance, partition by partition on Dask (flows/release_dask.py).
         from kepsilon.flows.release_dask import release_on_dask

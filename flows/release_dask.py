@@ -14,7 +14,14 @@ on a ``LocalCluster`` of ``execution.workers`` processes, or on the cluster whos
 reservation, the seed, the record) and the output-folder check are called directly, so they run in
 the flow's own process, beside the store. The seed never leaves that process: the perturbation tasks
 get a ``RecordStreams`` (keys derived from the seed, which its ``repr`` withholds), and Prefect records
-of a task's inputs only their types, never their values.
+of a task's inputs only their types, never their values. The scratch folder's key travels the same way
+(``tasks/scratch.py``).
+
+The local cluster is closed to other accounts: TLS with mutual authentication on 127.0.0.1, under a
+certificate and key made for the run and held in memory only (``Security.temporary()``: the scheduler,
+the workers and the flow's client present it, and accept nothing else), and no dashboard (the HTTP
+endpoints Dask still opens on 127.0.0.1 serve no route). An existing scheduler (``execution.scheduler``)
+is reached with the TLS files of Dask's own configuration when its address is ``tls://`` (docs/dask.md).
 
 ``governed-release`` hands a spec with ``execution.engine: dask`` to this flow (a subflow), so the CLI,
 the deployments and the UI's run form need nothing else.
@@ -23,6 +30,7 @@ the deployments and the UI's run form need nothing else.
 import getpass
 import logging
 import shutil
+from contextlib import nullcontext
 from datetime import datetime, timezone
 from pathlib import Path
 
@@ -53,7 +61,6 @@ from kepsilon.tasks.partitioned import (
     DATASET,
     GroupCoder,
     GroupCounts,
-    Scratch,
     anonymise_task,
     certain_linking_share,
     class_targets,
@@ -70,8 +77,9 @@ from kepsilon.tasks.partitioned import (
     plan_source_task,
     predict_task,
     publish_task,
-    scratch_root,
+    remove_partials,
 )
+from kepsilon.tasks.scratch import Scratch, ScratchLease, private_root
 from kepsilon.tasks.preflight import Verdicts, check_output, find_published, pre_epsilon_checks, unchanged_release
 from kepsilon.tasks.progress import release_progress, stage
 from kepsilon.tasks.publish import (
@@ -103,16 +111,57 @@ SCRATCH_FACTOR = 3
 _STAGES = 5  # stages that run once per partition: intake, distribute, predict, perturb-suppress, publish-part
 
 
-def dask_task_runner(execution):
-    """The flow's ``DaskTaskRunner``: the given scheduler's cluster, else a LocalCluster of ``workers`` processes."""
+# The HTTP endpoints a Dask scheduler and its workers open whatever their settings (the dashboard, and
+# pages of task, worker and log details, metrics): none served. Nothing of ours reads them.
+CLOSED_HTTP = {"distributed.scheduler.http.routes": [], "distributed.worker.http.routes": [],
+               "distributed.dashboard.link": ""}  # and no "dashboard at …" line pointing at nothing
+
+
+def dask_task_runner(execution, local_directory: str | None = None):
+    """The flow's ``DaskTaskRunner``: the given scheduler's cluster, else a LocalCluster of ``workers``
+    processes closed to other accounts (per-run mutual TLS on 127.0.0.1, no dashboard).
+
+    ``local_directory``: where the local workers keep their own files (data Dask spills to disk under
+    memory pressure): the account's private scratch folder.
+    """
+    from distributed import Security
     from prefect_dask import DaskTaskRunner
 
     if execution.scheduler:
-        return DaskTaskRunner(address=execution.scheduler)
-    return DaskTaskRunner(
-        # A free port for the dashboard: runs side by side must not fight over 8787.
-        cluster_kwargs={"n_workers": execution.workers, "processes": True, "dashboard_address": ":0"}
-    )
+        return DaskTaskRunner(address=execution.scheduler, client_kwargs={"security": scheduler_security(execution.scheduler)})
+    options = {"n_workers": execution.workers, "processes": True, "security": Security.temporary(),
+               "protocol": "tls://", "host": "127.0.0.1", "dashboard_address": None}
+    if local_directory:
+        options["local_directory"] = local_directory
+    return DaskTaskRunner(cluster_kwargs=options)
+
+
+TLS_SETTINGS = ("DASK_DISTRIBUTED__COMM__TLS__CA_FILE", "DASK_DISTRIBUTED__COMM__TLS__CLIENT__CERT",
+                "DASK_DISTRIBUTED__COMM__TLS__CLIENT__KEY")
+
+
+def scheduler_security(address: str):
+    """The client's ``Security`` for an existing scheduler: for ``tls://``, the CA, certificate and key of
+    Dask's configuration (``distributed.comm.tls.*``, e.g. the env settings ``TLS_SETTINGS``), checked to
+    be readable; for another protocol, none (the cluster is then as open as its network: docs/dask.md)."""
+    from distributed import Security
+
+    if not address.startswith("tls://"):
+        return Security()
+    security = Security(require_encryption=True)
+    files = {"CA": security.tls_ca_file, "certificate": security.tls_client_cert}
+    if security.tls_client_key:
+        files["key"] = security.tls_client_key
+    for what, path in files.items():
+        if not path:
+            raise SpecError("execution.scheduler", f"a tls:// scheduler needs this client's TLS {what}: set "
+                                                   f"{', '.join(TLS_SETTINGS)} (docs/dask.md)")
+        try:
+            with open(path, "rb"):
+                pass
+        except OSError as error:
+            raise SpecError("execution.scheduler", f"the client's TLS {what} cannot be read ({error.strerror})") from None
+    return security
 
 
 def check_scheduler_reachable(address: str, timeout: float = 10.0) -> None:
@@ -144,13 +193,20 @@ def check_scheduler_reachable(address: str, timeout: float = 10.0) -> None:
 def release_on_dask(spec: ReleaseSpec) -> dict:
     """Run ``governed-release-dask`` on the task runner the spec's ``execution`` names (a subflow when
     called from a flow)."""
-    if spec.execution.scheduler:
-        check_scheduler_reachable(spec.execution.scheduler)
+    import dask
     import distributed  # noqa: F401 - its import sets its loggers' levels; ours comes after
 
+    local_directory = None
+    if spec.execution.scheduler:
+        check_scheduler_reachable(spec.execution.scheduler)
+        scheduler_security(spec.execution.scheduler)
+    else:
+        local_directory = str(private_root(spec, spec.output_dir))
     # The cluster's own chatter (workers joining, leaving) is not the release's log.
     logging.getLogger("distributed").setLevel(logging.WARNING)
-    return governed_release_dask.with_options(task_runner=dask_task_runner(spec.execution))(spec)
+    runner = dask_task_runner(spec.execution, local_directory)
+    with dask.config.set(CLOSED_HTTP) if not spec.execution.scheduler else nullcontext():
+        return governed_release_dask.with_options(task_runner=runner)(spec)
 
 
 def _flush_workers() -> None:
@@ -209,14 +265,14 @@ def governed_release_dask(spec: ReleaseSpec) -> dict:
         return done
     check_roles(list(plan.names), spec.roles)
     output_dir = check_output(spec.output_dir, spec.release_id, plan.memory_bytes)
-    scratch = _prepare_scratch(spec, output_dir, plan.memory_bytes)
+    lease = _prepare_scratch(spec, output_dir, plan.memory_bytes)
     pieces = len(plan.pieces)
     logger.info("release %s: %d partition(s) on the dask engine", spec.release_id, pieces)
     try:
         with release_progress(_STAGES * pieces, f"release {spec.release_id}"):
-            return _release(spec, plan, key, operator, store, started_at, figures_dir, output_dir, scratch)
+            return _release(spec, plan, key, operator, store, started_at, figures_dir, output_dir, lease.scratch)
     finally:
-        Scratch(scratch).remove_all()
+        lease.close()
         _flush_workers()
 
 
@@ -269,18 +325,18 @@ def _release(spec, plan, key, operator, store, started_at, figures_dir, output_d
     return record
 
 
-def _distribute(plan, table, classes, scratch: Path) -> None:
+def _distribute(plan, table, classes, scratch: Scratch) -> None:
     """Stage B, before ε (it needs no noise): every record to the class partition of its class."""
-    root = str(scratch)
     targets = class_targets(table.histogram, classes.class_of_tuple, len(plan.pieces))
     tuples = table.histogram.tuples
     _each("distribute", [
-        distribute_task.submit(piece.index, offset, root, tuples, classes.class_of_tuple, targets)
+        distribute_task.submit(piece.index, offset, scratch, tuples, classes.class_of_tuple, targets)
         for piece, offset in zip(plan.pieces, table.offsets)
     ])
+    scratch.remove("classified")  # a stage's inputs go once all its partitions are done (retries read them)
 
 
-def _pre_epsilon(verdicts: Verdicts, spec, store: str, key: str, table, classes, plan, scratch: Path) -> dict:
+def _pre_epsilon(verdicts: Verdicts, spec, store: str, key: str, table, classes, plan, scratch: Scratch) -> dict:
     """The shared checks before ε (``tasks/preflight.pre_epsilon_checks``), the prediction added up over the
     class partitions (each predicted on the cluster from throw-away noise). Returns the private summary."""
     import secrets
@@ -294,7 +350,7 @@ def _pre_epsilon(verdicts: Verdicts, spec, store: str, key: str, table, classes,
 
     def predicted() -> Prediction:
         parts = _each("predict", [
-            predict_task.submit(index, pieces, str(scratch), spec, draws, secrets.randbits(128)) for index in range(pieces)
+            predict_task.submit(index, pieces, scratch, spec, draws, secrets.randbits(128)) for index in range(pieces)
         ])
         prediction = Prediction(draws=draws, published=np.zeros(draws))
         for part in parts:
@@ -307,23 +363,36 @@ def _pre_epsilon(verdicts: Verdicts, spec, store: str, key: str, table, classes,
     )
 
 
-def _prepare_scratch(spec: ReleaseSpec, output_dir: str, table_bytes: int) -> Path:
-    """The run's scratch folder, empty and private, on a file system with room for the intermediate pieces."""
-    root = scratch_root(spec, output_dir)
-    try:
-        root.parent.mkdir(parents=True, exist_ok=True)
-        free = shutil.disk_usage(root.parent).free
-    except OSError as error:
-        raise SpecError("execution.scratch", f"{str(root.parent)!r} cannot be used ({error.strerror})") from None
+def _prepare_scratch(spec: ReleaseSpec, output_dir: str, table_bytes: int) -> ScratchLease:
+    """The run's scratch folder, private, sealed and locked, on a file system with room for the pieces."""
+    scheduler = spec.execution.scheduler
+    if scheduler and not spec.execution.scratch and not _on_this_machine(scheduler):
+        raise SpecError("execution.scratch", "a cluster on other machines needs a scratch folder every worker "
+                                             "reaches (the default is this machine's temporary folder)")
+    root = private_root(spec, output_dir)
+    free = shutil.disk_usage(root).free
     needed = SCRATCH_FACTOR * max(int(table_bytes), 1)
     if free < needed:
         raise SpecError(
             "execution.scratch",
-            f"{str(root.parent)!r} has {free:,} bytes free; the intermediate partitions need {needed:,} "
+            f"{str(root)!r} has {free:,} bytes free; the intermediate partitions need {needed:,} "
             f"({SCRATCH_FACTOR} × the table's estimated size)",
         )
-    Scratch(root).create()
-    return root
+    return ScratchLease(root, spec.release_id)
+
+
+def _on_this_machine(address: str) -> bool:
+    """Whether a scheduler address is a loopback one (its workers then see this machine's folders)."""
+    import ipaddress
+    from urllib.parse import urlsplit
+
+    host = urlsplit(address if "://" in address else f"tcp://{address}").hostname or ""
+    if host == "localhost":
+        return True
+    try:
+        return ipaddress.ip_address(host).is_loopback
+    except ValueError:
+        return False
 
 
 def _each(name: str, futures: list) -> list:
@@ -343,22 +412,24 @@ def _each(name: str, futures: list) -> list:
             except BaseException as failure:  # noqa: B036 - re-raised below, first partition first
                 failures[number] = failure
             progress.advance()
+            fault_point(f"dask-{name}")
     if failures:
         raise failures[min(failures)]
     return results
 
 
-def _intake(spec: ReleaseSpec, plan, scratch: Path):
+def _intake(spec: ReleaseSpec, plan, scratch: Scratch):
     """Stage A and its reduction: refusals in the in-memory order, then the whole table's histogram."""
-    root = str(scratch)
-    intakes = _each("intake", [intake_task.submit(plan, piece, spec, root) for piece in plan.pieces])
+    intakes = _each("intake", [intake_task.submit(plan, piece, spec, scratch) for piece in plan.pieces])
     pieces = len(plan.pieces)
-    return combine_intakes(intakes, spec, lambda number: distinct_count_task.submit(root, number, pieces).result())
+    table = combine_intakes(intakes, spec, lambda number: distinct_count_task.submit(scratch, number, pieces).result())
+    scratch.remove("hashes")
+    return table
 
 
 def _spend_check_stage(spec, key, plan, table, anonymised, coder, reservation, store, record, output_dir, scratch):
-    """The stages on reserved budget: seed, distribute, perturb and suppress, publish the parts, gate, manifest."""
-    root, pieces = str(scratch), len(plan.pieces)
+    """The stages on reserved budget: seed, perturb and suppress, publish the parts, gate, manifest."""
+    root, pieces = scratch, len(plan.pieces)
     classes = anonymised.classes
     seed, commitment = escrowed_seed(store, key, spec.release_id, new_seed)
     streams = RecordStreams(seed)
@@ -370,6 +441,7 @@ def _spend_check_stage(spec, key, plan, table, anonymised, coder, reservation, s
         perturb_task.submit(index, pieces, root, spec, streams, anonymised.hierarchies, classes.levels, coder, pieces)
         for index in range(pieces)
     ])
+    scratch.remove("shuffle")
     fault_point("after-noise")
     record["perturbation"] = combine_perturbation(parts)
     criteria = anonymised.criteria
@@ -385,9 +457,13 @@ def _spend_check_stage(spec, key, plan, table, anonymised, coder, reservation, s
                             len(coder.sensitive))
         for index in range(pieces)
     ])
+    scratch.remove("ordered")
+    remove_partials(staging / DATASET)  # pieces of attempts killed mid-write
     outputs = {part.name: part.sha256 for part in published}
     if spec.execution.csv:
         outputs[DATA_CSV] = join_csv_task.submit(str(staging), root, csv_header(meta), pieces).result()
+        remove_partials(staging)
+        scratch.remove("csv")
 
     written = GroupCounts.add([part.groups for part in published])  # the gate recounts what was written
     record["groups"] = groups_from_sizes(written.sizes, record["rows_in"])

@@ -357,8 +357,9 @@ class Execution(FormModel):
     )
     scratch: str = Field(
         default="",
-        description="dask: folder for the intermediate partitions (private data, removed after the run); "
-        "empty: a hidden folder beside the output; on a cluster, a folder every worker can reach",
+        description="dask: folder for the intermediate partitions (private data, encrypted, removed after the run; "
+        "never inside the output folder); empty: a private folder in the system's temporary folder; on a cluster "
+        "of several machines, a folder every worker can reach",
     )
 
 

@@ -12,9 +12,16 @@ what survives is exactly what was durable on disk at that moment. The points, in
   committed; nothing under the release's final name.
 - ``after-audit-commit``: the audit record committed, the staging folder not yet renamed to the final name.
 
+The Dask engine adds points of its own (``DASK_FAULT_POINTS``): in the flow's process, ``dask-<stage>``
+fires when the first partition of that stage has finished (the others still running); in a worker
+process, ``worker-distribute`` and ``worker-publish-part`` fire inside the task, after it wrote its
+outputs. With env ``KEPSILON_FAULT_ONCE`` naming a path, a point kills only the first process to reach
+it (the one that creates the path): a killed worker's task, run again, then completes.
+
 A point can also *hold* instead of kill, so that a scenario acts at exactly that moment however busy
 the machine is: with env ``KEPSILON_HOLD_AT`` naming the point and ``KEPSILON_HOLD_FILE`` a path, the
-release writes ``PATH.reached`` there and waits (up to ``HOLD_SECONDS``) until ``PATH`` exists.
+release writes ``PATH.reached`` there and waits (up to ``HOLD_SECONDS``, or env ``KEPSILON_HOLD_SECONDS``)
+until ``PATH`` exists.
 
 Production never sets the variables; the check costs two dictionary lookups.
 """
@@ -36,20 +43,35 @@ FAULT_POINTS = (
     "before-audit-commit",
     "after-audit-commit",
 )
+ENV_FAULT_ONCE = "KEPSILON_FAULT_ONCE"
+DASK_FAULT_POINTS = ("dask-intake", "dask-distribute", "dask-perturb-suppress", "dask-publish-part")
+WORKER_FAULT_POINTS = ("worker-distribute", "worker-publish-part")
 
 
 def fault_point(name: str) -> None:
     """SIGKILL this process if env ``KEPSILON_FAULT_AT`` names this point, hold it if ``KEPSILON_HOLD_AT``
     does; otherwise do nothing."""
-    if os.environ.get(ENV_FAULT_AT) == name:
+    if os.environ.get(ENV_FAULT_AT) == name and _first_to_arrive():
         os.kill(os.getpid(), signal.SIGKILL)
     if os.environ.get(ENV_HOLD_AT) == name:
         _hold(Path(os.environ[ENV_HOLD_FILE]))
 
 
+def _first_to_arrive() -> bool:
+    """True unless ``KEPSILON_FAULT_ONCE`` names a path that exists already (then someone was killed)."""
+    once = os.environ.get(ENV_FAULT_ONCE)
+    if not once:
+        return True
+    try:
+        os.close(os.open(once, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600))
+    except FileExistsError:
+        return False
+    return True
+
+
 def _hold(release: Path) -> None:
     """Say the point is reached, then wait for the scenario to create ``release``."""
     release.with_name(release.name + ".reached").touch()
-    deadline = time.monotonic() + HOLD_SECONDS
+    deadline = time.monotonic() + float(os.environ.get("KEPSILON_HOLD_SECONDS") or HOLD_SECONDS)
     while not release.exists() and time.monotonic() < deadline:
         time.sleep(0.01)

@@ -16,6 +16,9 @@ from concurrent.futures import ThreadPoolExecutor
 from datetime import datetime, timezone
 from pathlib import Path
 
+from kepsilon.faults import WORKER_FAULT_POINTS
+
+from .dask_scenarios import DASK_KILL_POINTS, cluster_intruder_scenario, dask_kill_scenario, worker_kill_scenario
 from .harness import Results, prefect_server, scratch
 from .private_store import private_store_scenario
 from .scenarios import (
@@ -83,6 +86,21 @@ def run_all(args) -> tuple[Results, list[dict], dict, dict[str, float], list[dic
         start = time.monotonic()
         private_store_scenario(results, env, base / "private-store", small)
         timings["private store"] = time.monotonic() - start
+        # --- The Dask engine: its cluster closed to other clients, its scratch under kills (issues 21, 24) ---
+        if not args.skip_dask:
+            start = time.monotonic()
+            dask_sample = sample_source(base / "dask-sample.csv", args.dask_rows)
+            for point in DASK_KILL_POINTS:
+                dask_kill_scenario(results, env, base / f"dask-kill-{point}", dask_sample, point)
+            timings["dask scratch"] = time.monotonic() - start
+            results.counts["Dask kill points"] = f"{len(DASK_KILL_POINTS)} ({', '.join(DASK_KILL_POINTS)}; {args.dask_rows} records)"
+            start = time.monotonic()
+            cluster_intruder_scenario(results, env, base / "dask-intruder", dask_sample)
+            timings["dask cluster"] = time.monotonic() - start
+            start = time.monotonic()
+            for point in WORKER_FAULT_POINTS:
+                worker_kill_scenario(results, env, base / f"dask-worker-{point}", dask_sample, point)
+            timings["dask worker kill"] = time.monotonic() - start
 
     start = time.monotonic()
     tamper_scenario(results, env, base / "tamper", base / "race-0" / "audit.db")
@@ -167,6 +185,8 @@ def main() -> int:
     parser.add_argument("--late-lock-seconds", type=float, default=90)
     parser.add_argument("--busy-timeout", type=float, default=60, help="KEPSILON_AUDIT_BUSY_TIMEOUT for the lock scenarios")
     parser.add_argument("--bad-day-only", action="store_true", help="run only the bad-day scenarios")
+    parser.add_argument("--dask-rows", type=int, default=4000, help="records of the Dask scenarios' source")
+    parser.add_argument("--skip-dask", action="store_true", help="leave out the Dask engine's scenarios")
     args = parser.parse_args()
     results, bad_table, leak_matrix, timings, bad_day = run_all(args)
     summary = write_report(results, bad_table, leak_matrix, timings, args.report, bad_day)

@@ -23,15 +23,18 @@ D. **publish** (per order-key range): drop the records of groups that fail a dec
    the gate's column checks run on it (Great Expectations), and its groups are counted again from the
    rows written, for the gate's group checks.
 
-Everything between stages goes through the scratch folder (``Scratch``), never through Prefect or the
-task results: results are counts, a piece holds records. The scratch holds private data: it is created
-0700, its files 0600, and the flow removes it when the run ends (a crash leaves it, and the next run of
-the release removes it first). Task results hold no data value either: counts, codes and hashes.
+Everything between stages goes through the scratch folder (``Scratch``, ``tasks/scratch.py``), never
+through Prefect or the task results: results are counts, a piece holds records. The scratch holds private
+data: it lies outside the output folder, its folders are 0700 and its files 0600, every piece is sealed
+with a key the run holds in memory only, and the flow removes it when the run ends (a killed run's
+leftovers are unreadable, and the next release of any id removes them). Task results hold no data value
+either: counts, codes and hashes.
+
+Every partition task can run again (a Prefect retry, or Dask re-running the task of a worker that died):
+it reads inputs nobody removed yet and replaces its outputs under their final names.
 """
 
 import os
-import pickle
-import shutil
 import uuid
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -51,12 +54,14 @@ from kepsilon.engine.perturb import perturb, source_positions
 from kepsilon.engine.predict import Prediction, predict
 from kepsilon.engine.randomness import RecordStreams
 from kepsilon.engine.suppress import suppress_records
+from kepsilon.faults import fault_point
 from kepsilon.flows.spec import ReleaseSpec
 
 from .classify import NEAR_UNIQUE_MIN_ROWS, NEAR_UNIQUE_RATIO, Findings, classify_findings, refuse_findings
-from .errors import InputError, SpecError
+from .errors import InputError, KepsilonError, SpecError
 from .ingest import refuse_short_records
-from .publish import csv_records, parquet_bytes, write_file
+from .publish import csv_records, parquet_bytes
+from .scratch import Scratch
 from .sources import Piece, SourcePlan, plan_source, read_piece
 
 DATASET = "data.parquet"  # the published Parquet dataset: a folder of parts, in the published order
@@ -64,56 +69,11 @@ DATA_CSV = "data.csv"
 
 
 # --------------------------------------------------------------------------- scratch
-
-
-class Scratch:
-    """The run's private scratch folder: pickled pieces of records and counts between stages."""
-
-    def __init__(self, root: str | Path):
-        self.root = Path(root)
-
-    def create(self) -> None:
-        """A fresh, empty folder readable by its owner only (a leftover of a crashed run is removed)."""
-        self.remove_all()
-        self.root.mkdir(mode=0o700, parents=True)
-        os.chmod(self.root, 0o700)
-
-    def path(self, *parts) -> Path:
-        return self.root.joinpath(*(str(part) for part in parts))
-
-    def write(self, value, *parts) -> None:
-        """Pickle ``value`` to ``parts`` (created 0600, renamed into place when complete)."""
-        target = self.path(*parts)
-        target.parent.mkdir(mode=0o700, parents=True, exist_ok=True)
-        partial = target.with_name(f".{target.name}.{uuid.uuid4().hex}")
-        descriptor = os.open(partial, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600)
-        with os.fdopen(descriptor, "wb") as handle:
-            pickle.dump(value, handle, protocol=5)
-        os.replace(partial, target)
-
-    def read(self, *parts):
-        with open(self.path(*parts), "rb") as handle:
-            return pickle.load(handle)
-
-    def exists(self, *parts) -> bool:
-        return self.path(*parts).exists()
-
-    def remove(self, *parts) -> None:
-        target = self.path(*parts)
-        if target.is_dir():
-            shutil.rmtree(target, ignore_errors=True)
-        else:
-            target.unlink(missing_ok=True)
-
-    def remove_all(self) -> None:
-        if self.root.exists() or self.root.is_symlink():
-            shutil.rmtree(self.root, ignore_errors=True)
-
-
-def scratch_root(spec: ReleaseSpec, output_dir: str | Path) -> Path:
-    """The run's scratch folder: the spec's ``execution.scratch``, else hidden beside the output."""
-    base = Path(spec.execution.scratch) if spec.execution.scratch else Path(output_dir)
-    return base / f".{spec.release_id}.scratch"
+#
+# ``Scratch`` (tasks/scratch.py): the run's private, sealed folder. Every task below gets it as an input
+# and reads and writes pieces through it; a task never removes its inputs (the flow removes a stage's
+# folder once every partition of the stage is done), so a retried task finds them again and overwrites
+# its own outputs.
 
 
 # --------------------------------------------------------------------------- A. intake
@@ -130,7 +90,7 @@ class Intake:
     histogram: TupleHistogram | None  # None when its ε-quasis could not be read as numbers (refused anyway)
 
 
-def intake(plan: SourcePlan, piece: Piece, spec: ReleaseSpec, scratch: str) -> Intake:
+def intake(plan: SourcePlan, piece: Piece, spec: ReleaseSpec, scratch: Scratch) -> Intake:
     """Stage A on one piece: read, classify (counting), histogram; classified records to the scratch.
 
     The histogram's first positions are the piece's own (from 0): the flow shifts them by the piece's
@@ -138,7 +98,7 @@ def intake(plan: SourcePlan, piece: Piece, spec: ReleaseSpec, scratch: str) -> I
     """
     frame, short = read_piece(plan, piece, spec.source)
     classified, findings = classify_findings(frame, spec, exact=False)
-    area = Scratch(scratch)
+    area = scratch
     for number, evidence in enumerate(findings.identifiers.values()):
         # Distinct values' hashes stay in the scratch; the flow counts their union only when needed.
         area.write(evidence.hashes, "hashes", number, piece.index)
@@ -151,9 +111,9 @@ def intake(plan: SourcePlan, piece: Piece, spec: ReleaseSpec, scratch: str) -> I
     return Intake(piece.index, len(frame), findings, short, histogram)
 
 
-def distinct_count(scratch: str, column_number: int, pieces: int) -> int:
+def distinct_count(scratch: Scratch, column_number: int, pieces: int) -> int:
     """Distinct values of one column over every piece: the union of the pieces' value hashes."""
-    area = Scratch(scratch)
+    area = scratch
     union = np.zeros(0, dtype=np.uint64)
     for index in range(pieces):
         union = np.union1d(union, area.read("hashes", column_number, index))
@@ -250,14 +210,14 @@ def class_targets(histogram: TupleHistogram, class_of_tuple: np.ndarray, parts: 
 
 
 def distribute(
-    index: int, offset: int, scratch: str, tuples: pd.DataFrame, class_of_tuple: np.ndarray, target_of_class: np.ndarray
+    index: int, offset: int, scratch: Scratch, tuples: pd.DataFrame, class_of_tuple: np.ndarray, target_of_class: np.ndarray
 ) -> int:
     """Stage B on one piece: each record's class (its tuple's), then its records to their class partitions.
 
     The records' index becomes their source position (the piece's offset plus their place in it); the
     anonymiser's suppressed records (class -1, OLA) go nowhere. Returns the records kept.
     """
-    area = Scratch(scratch)
+    area = scratch
     frame = area.read("classified", index)
     columns = list(tuples.columns)
     tuple_of_record = pd.MultiIndex.from_frame(tuples).get_indexer(pd.MultiIndex.from_frame(frame[columns]))
@@ -272,7 +232,7 @@ def distribute(
     for target in np.unique(targets):
         chosen = targets == target
         area.write((frame[chosen], class_ids[chosen]), "shuffle", int(target), index)
-    area.remove("classified", index)
+    fault_point("worker-distribute")
     return int(kept.sum())
 
 
@@ -431,7 +391,7 @@ def order_ranges(keys: np.ndarray, parts: int) -> np.ndarray:
 def perturb_and_suppress(
     index: int,
     pieces: int,
-    scratch: str,
+    scratch: Scratch,
     spec: ReleaseSpec,
     streams: RecordStreams,
     hierarchies: dict,
@@ -440,7 +400,7 @@ def perturb_and_suppress(
     parts: int,
 ) -> ClassPartition:
     """Stage C on one class partition (whole classes): the in-memory path's stage functions as they are."""
-    area = Scratch(scratch)
+    area = scratch
     loaded = [area.read("shuffle", index, piece) for piece in range(pieces) if area.exists("shuffle", index, piece)]
     if not loaded:
         return ClassPartition(index, 0, {}, {}, GroupCounts.empty(len(coder.sensitive)), pd.DataFrame(), {})
@@ -468,16 +428,14 @@ def perturb_and_suppress(
              "keys": keys[chosen], "codes": [column[chosen] for column in codes]},
             "ordered", int(target), index,
         )
-    area.remove("shuffle", index)
     return ClassPartition(index, len(kept), perturbed.report, suppression.report, groups, classes, errors, empty_like(merged))
 
 
-def predict_partition(index: int, pieces: int, scratch: str, spec: ReleaseSpec, draws: int, seed: int) -> Prediction:
+def predict_partition(index: int, pieces: int, scratch: Scratch, spec: ReleaseSpec, draws: int, seed: int) -> Prediction:
     """Before ε: the prediction of one class partition (``kepsilon.engine.predict``, the in-memory path's own
     function on whole classes), from throw-away noise seeded by ``seed``; the partition stays in the scratch
     for the perturbation. Returns sums only (no value)."""
-    area = Scratch(scratch)
-    loaded = [area.read("shuffle", index, piece) for piece in range(pieces) if area.exists("shuffle", index, piece)]
+    loaded = [scratch.read("shuffle", index, piece) for piece in range(pieces) if scratch.exists("shuffle", index, piece)]
     if not loaded:
         return Prediction(draws=draws, published=np.zeros(draws))
     kept = pd.concat([frame for frame, _ in loaded])
@@ -595,7 +553,7 @@ class PublishedPart:
 def publish_part(
     index: int,
     pieces: int,
-    scratch: str,
+    scratch: Scratch,
     staging: str,
     failing: np.ndarray,
     spec: ReleaseSpec,
@@ -606,7 +564,7 @@ def publish_part(
     """Stage D on one order-key range: drop failing groups, sort into the published order, write the part."""
     from .validate import validate_part
 
-    area = Scratch(scratch)
+    area = scratch
     loaded = [area.read("ordered", index, piece) for piece in range(pieces) if area.exists("ordered", index, piece)]
     if loaded:
         frame = pd.concat([item["frame"] for item in loaded], ignore_index=True)
@@ -621,7 +579,8 @@ def publish_part(
     ordered = np.flatnonzero(keep)[np.lexsort((positions[keep], order[keep]))]  # RecordStreams.order's rule
     frame = frame.iloc[ordered].reset_index(drop=True)
     name = f"{DATASET}/part-{index:05d}.parquet"
-    sha256 = write_file(Path(staging) / name, parquet_bytes(frame))
+    sha256 = replace_file(Path(staging) / name, parquet_bytes(frame))
+    fault_point("worker-publish-part")
     csv_size = 0
     if write_csv:
         records = csv_records(frame)
@@ -630,28 +589,67 @@ def publish_part(
     roles = spec.roles.names()
     checks = validate_part(frame, k_quasi=roles["k_quasi"], e_quasi=roles["e_quasi"], explicit=roles["explicit"])
     groups = GroupCounts.count(keys[ordered], [column[ordered] for column in codes])
-    area.remove("ordered", index)
     return PublishedPart(index, name, sha256, len(frame), checks, groups, csv_size)
 
 
-def join_csv(staging: str, scratch: str, header: bytes, parts: int) -> str:
+def join_csv(staging: str, scratch: Scratch, header: bytes, parts: int) -> str:
     """Write ``data.csv``: the header, then every part's records in order; returns its SHA-256."""
     import hashlib
 
-    area = Scratch(scratch)
     digest = hashlib.sha256(header)
-    path = Path(staging) / DATA_CSV
-    descriptor = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o666)
-    with os.fdopen(descriptor, "wb") as handle:
+    with _replacing(Path(staging) / DATA_CSV) as handle:
         handle.write(header)
         for index in range(parts):
-            records = area.read("csv", index)
+            records = scratch.read("csv", index)
             handle.write(records)
             digest.update(records)
-            area.remove("csv", index)
-        handle.flush()
-        os.fsync(handle.fileno())
     return digest.hexdigest()
+
+
+def replace_file(path: Path, content: bytes) -> str:
+    """Write ``content`` to ``path`` under a hidden temporary name, fsync, rename over ``path``; its SHA-256.
+
+    A partition task that runs again (a retry, a Dask worker that died) replaces what its first attempt
+    wrote instead of failing on it; a reader never sees half a file. Mode 0666 less the umask, as
+    ``publish.write_file``: the staging folder is hidden, and becomes visible in one rename.
+    """
+    import hashlib
+
+    with _replacing(path) as handle:
+        handle.write(content)
+    return hashlib.sha256(content).hexdigest()
+
+
+class _replacing:
+    """``with _replacing(path) as handle``: a new hidden file beside ``path``, fsynced and renamed over it
+    when the block ends normally, removed when it does not."""
+
+    def __init__(self, path: Path):
+        self.path = path
+        self.partial = path.with_name(f".{path.name}.{uuid.uuid4().hex}.partial")
+
+    def __enter__(self):
+        descriptor = os.open(self.partial, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o666)
+        self.handle = os.fdopen(descriptor, "wb")
+        return self.handle
+
+    def __exit__(self, kind, error, trace) -> None:
+        try:
+            if kind is None:
+                self.handle.flush()
+                os.fsync(self.handle.fileno())
+        finally:
+            self.handle.close()
+        if kind is None:
+            os.replace(self.partial, self.path)
+        else:
+            self.partial.unlink(missing_ok=True)
+
+
+def remove_partials(folder: Path) -> None:
+    """Remove the hidden temporary files attempts killed mid-write left in ``folder`` (never published)."""
+    for leftover in folder.glob(".*.partial"):
+        leftover.unlink(missing_ok=True)
 
 
 # --------------------------------------------------------------------------- Prefect tasks
@@ -689,20 +687,30 @@ def _partition_task(function):
     return run
 
 
+def _worth_retrying(task, task_run, state) -> bool:
+    """Retry a partition task unless it failed on the input or the spec (the same error again)."""
+    return not isinstance(state.data, KepsilonError)
+
+
+# A partition's tasks are idempotent (see the module's docstring): a failure that may pass (a worker's
+# memory, a full or unreachable file system for a moment) is retried before the release fails.
+PARTITION_RETRIES = {"retries": 2, "retry_delay_seconds": 1, "retry_condition_fn": _worth_retrying}
+
+
 @task(name="plan-source", cache_policy=NO_CACHE, persist_result=False)
 def plan_source_task(source, partitions: int | None) -> SourcePlan:
     """Prefect task: fingerprint the source and cut it into pieces."""
     return plan_source(source, partitions)
 
 
-@task(name="intake", cache_policy=NO_CACHE, persist_result=False)
-def intake_task(plan: SourcePlan, piece: Piece, spec: ReleaseSpec, scratch: str) -> Intake:
+@task(name="intake", cache_policy=NO_CACHE, persist_result=False, **PARTITION_RETRIES)
+def intake_task(plan: SourcePlan, piece: Piece, spec: ReleaseSpec, scratch: Scratch) -> Intake:
     """Prefect task: stage A on one piece."""
     return _partition_task(intake)(plan, piece, spec, scratch)
 
 
-@task(name="count-distinct", cache_policy=NO_CACHE, persist_result=False)
-def distinct_count_task(scratch: str, column_number: int, pieces: int) -> int:
+@task(name="count-distinct", cache_policy=NO_CACHE, persist_result=False, **PARTITION_RETRIES)
+def distinct_count_task(scratch: Scratch, column_number: int, pieces: int) -> int:
     """Prefect task: a column's distinct values over every piece."""
     return distinct_count(scratch, column_number, pieces)
 
@@ -713,34 +721,34 @@ def anonymise_task(histogram: TupleHistogram, spec: ReleaseSpec) -> AnonymisedTu
     return anonymise(histogram, spec)
 
 
-@task(name="distribute", cache_policy=NO_CACHE, persist_result=False)
-def distribute_task(index: int, offset: int, scratch: str, tuples, class_of_tuple, target_of_class) -> int:
+@task(name="distribute", cache_policy=NO_CACHE, persist_result=False, **PARTITION_RETRIES)
+def distribute_task(index: int, offset: int, scratch: Scratch, tuples, class_of_tuple, target_of_class) -> int:
     """Prefect task: stage B on one piece."""
     return _partition_task(distribute)(index, offset, scratch, tuples, class_of_tuple, target_of_class)
 
 
-@task(name="predict", cache_policy=NO_CACHE, persist_result=False)
-def predict_task(index: int, pieces: int, scratch: str, spec: ReleaseSpec, draws: int, seed: int) -> Prediction:
+@task(name="predict", cache_policy=NO_CACHE, persist_result=False, **PARTITION_RETRIES)
+def predict_task(index: int, pieces: int, scratch: Scratch, spec: ReleaseSpec, draws: int, seed: int) -> Prediction:
     """Prefect task: the prediction before ε of one class partition (throw-away noise)."""
     return _partition_task(predict_partition)(index, pieces, scratch, spec, draws, seed)
 
 
-@task(name="perturb-suppress", cache_policy=NO_CACHE, persist_result=False)
-def perturb_task(index: int, pieces: int, scratch: str, spec: ReleaseSpec, streams: RecordStreams, hierarchies: dict,
+@task(name="perturb-suppress", cache_policy=NO_CACHE, persist_result=False, **PARTITION_RETRIES)
+def perturb_task(index: int, pieces: int, scratch: Scratch, spec: ReleaseSpec, streams: RecordStreams, hierarchies: dict,
                  levels: dict | None, coder: GroupCoder, parts: int) -> ClassPartition:
     """Prefect task: stage C on one class partition (its noise keyed by the release's streams)."""
     return _partition_task(perturb_and_suppress)(index, pieces, scratch, spec, streams, hierarchies, levels, coder, parts)
 
 
-@task(name="publish-part", cache_policy=NO_CACHE, persist_result=False)
-def publish_task(index: int, pieces: int, scratch: str, staging: str, failing, spec: ReleaseSpec, meta,
+@task(name="publish-part", cache_policy=NO_CACHE, persist_result=False, **PARTITION_RETRIES)
+def publish_task(index: int, pieces: int, scratch: Scratch, staging: str, failing, spec: ReleaseSpec, meta,
                  write_csv: bool, sensitive_columns: int) -> PublishedPart:
     """Prefect task: stage D on one order-key range."""
     return _partition_task(publish_part)(index, pieces, scratch, staging, failing, spec, meta, write_csv, sensitive_columns)
 
 
-@task(name="write-csv", cache_policy=NO_CACHE, persist_result=False)
-def join_csv_task(staging: str, scratch: str, header: bytes, parts: int) -> str:
+@task(name="write-csv", cache_policy=NO_CACHE, persist_result=False, **PARTITION_RETRIES)
+def join_csv_task(staging: str, scratch: Scratch, header: bytes, parts: int) -> str:
     """Prefect task: join the parts' records into data.csv."""
     return join_csv(staging, scratch, header, parts)
 

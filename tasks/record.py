@@ -16,7 +16,7 @@ from kepsilon.audit.approvals import ApprovalMissing, require_approval
 from kepsilon.audit.ledger import BudgetExceeded, Reservation, mark_noise_drawn, reserve
 from kepsilon.audit.records import record_release
 from kepsilon.audit.seeds import find_sealed_seed, seal_seed, seed_commitment, unseal_seed
-from kepsilon.audit.private import check_not_shared
+from kepsilon.audit.private import check_not_shared, write_private_file
 from kepsilon.audit.store import ENV_PATH, open_store, store_path
 from kepsilon.flows.spec import ReleaseSpec
 
@@ -137,7 +137,7 @@ def check_seed_key(store: str, key: str) -> None:
                     "restore the key file (a new key cannot unseal the sealed seed); nothing was reserved or drawn",
                 )
             try:
-                seeds._create_key_file(path)
+                write_private_file(path, Fernet.generate_key(), seeds.ENV_KEY_FILE)  # 0600 in a 0700 folder
             except OSError as error:
                 raise SpecError(seeds.ENV_KEY_FILE, f"the seed key file {str(path)!r} cannot be created ({error.strerror})") from None
         try:

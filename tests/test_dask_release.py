@@ -11,6 +11,7 @@ published folder is compared with the in-memory path run with the seed it sealed
 import csv
 import io
 import json
+import os
 from pathlib import Path
 
 import numpy as np
@@ -111,9 +112,7 @@ def as_published(frame: pd.DataFrame) -> pd.DataFrame:
 
 def run_stages(spec: ReleaseSpec, seed: bytes, partitions: int, folder: Path):
     """The partitioned path's stages one after the other, as the flow orders them (no Prefect, no Dask)."""
-    scratch = folder / "scratch"
-    Scratch(scratch).create()
-    root = str(scratch)
+    root = Scratch.new(folder / "scratch")
     plan = plan_source(spec.source, partitions)
     pieces = len(plan.pieces)
     intakes = [intake(plan, piece, spec, root) for piece in plan.pieces]
@@ -136,7 +135,7 @@ def run_stages(spec: ReleaseSpec, seed: bytes, partitions: int, folder: Path):
     (staging / DATASET).mkdir(parents=True)
     written = [publish_part(q, pieces, root, str(staging), failing, spec, meta, True, len(coder.sensitive))
                for q in range(pieces)]
-    data_csv = csv_header(meta) + b"".join(Scratch(root).read("csv", q) for q in range(pieces))
+    data_csv = csv_header(meta) + b"".join(root.read("csv", q) for q in range(pieces))
     published = pq.read_table(staging / DATASET).to_pandas()
     return published, data_csv, outcome, written, plan
 
@@ -165,9 +164,7 @@ def test_the_class_partitions_predict_what_the_in_memory_path_predicts(sources, 
     from kepsilon.tasks.partitioned import predict_partition
 
     spec = make_spec(sources["sample"], tmp_path)
-    scratch = tmp_path / "scratch"
-    Scratch(scratch).create()
-    root = str(scratch)
+    root = Scratch.new(tmp_path / "scratch")
     plan = plan_source(spec.source, partitions)
     pieces = len(plan.pieces)
     table = combine_intakes([intake(plan, piece, spec, root) for piece in plan.pieces], spec,
@@ -277,6 +274,16 @@ def clusters():
         one.close()
 
 
+def private_temporary_folder(tmp_path, monkeypatch) -> Path:
+    """A temporary folder of the test's own as the system's (where the default scratch goes)."""
+    import tempfile
+
+    folder = tmp_path / "tmp"
+    folder.mkdir()
+    monkeypatch.setattr(tempfile, "tempdir", str(folder))
+    return folder
+
+
 def unsealed_seed(store, release_id: str) -> bytes:
     from kepsilon.audit.seeds import unseal_seed
 
@@ -302,6 +309,7 @@ def test_the_flow_on_dask_publishes_what_the_in_memory_path_publishes(
     from .conftest import capped_store
 
     store = capped_store(tmp_path, monkeypatch, "test-population")
+    temporary = private_temporary_folder(tmp_path, monkeypatch)
     execution = {"engine": "dask", "scheduler": clusters[workers].scheduler_address, "partitions": partitions, "csv": True}
     spec = make_spec(sources[source], tmp_path, execution=execution, **changes)
     record = governed_release(spec)
@@ -322,7 +330,8 @@ def test_the_flow_on_dask_publishes_what_the_in_memory_path_publishes(
     assert record["execution"]["engine"] == "dask"
     releases = list(store["releases"].rows)
     assert [(r["release_id"], r["outcome"], r["rows_published"]) for r in releases] == [("dask-test", "published", len(expected))]
-    assert not (Path(spec.output_dir) / ".dask-test.scratch").exists()  # the private scratch is gone
+    # The private scratch was outside the output folder and is gone: the account's folder is empty.
+    assert list((temporary / f"kepsilon-scratch-{os.getuid()}").iterdir()) == []
     assert _progress_of(record["execution"]["flow_run_id"]) == 100.0
     _assert_the_api_never_saw_the_seed(record["execution"]["flow_run_id"], seed, partitions)
 
@@ -344,6 +353,10 @@ def _assert_the_api_never_saw_the_seed(flow_run_id: str, seed: bytes, partitions
     # A plain value's input is recorded as its type at most (prefect-dask records none): never its content.
     streams_inputs = {str(inp) for t in perturbing for inp in t.task_inputs.get("streams", [])}
     assert streams_inputs <= {"Constant(input_type='constant', type='RecordStreams')"}
+    # The scratch folder's key travels the same way: as a Scratch, recorded as its type at most.
+    scratch_inputs = {str(inp) for t in tasks for inp in t.task_inputs.get("scratch", [])}
+    assert scratch_inputs <= {"Constant(input_type='constant', type='Scratch')"}
+    assert "key=<withheld>" not in json.dumps([t.model_dump(mode="json") for t in tasks])
     seen = json.dumps({"parameters": run.parameters, "tasks": [t.model_dump(mode="json") for t in tasks],
                        "logs": [entry.message for entry in logs]})
     for form in (seed.hex(), base64.b64encode(seed).decode(), base64.urlsafe_b64encode(seed).decode(), repr(seed)):
@@ -390,6 +403,7 @@ def test_a_failed_gate_on_dask_publishes_nothing_and_records_the_failure(
     from kepsilon.tasks.errors import SpecError
 
     store = capped_store(tmp_path, monkeypatch, "test-population")
+    private_temporary_folder(tmp_path, monkeypatch)
     execution = {"engine": "dask", "scheduler": clusters[2].scheduler_address, "partitions": 2}
     spec = make_spec(sources["sample"], tmp_path, execution=execution, max_linking_risk=0.001)
     # The partitions' prediction refuses it before ε (nothing reserved, no record) ...
