@@ -301,7 +301,7 @@ def _merge(node: np.ndarray, rows: np.ndarray, sizes: np.ndarray, keys: np.ndarr
     for boundary in boundaries:
         if boundary - start >= _MERGE_CHUNK:
             cuts.append(int(boundary))
-            start = boundary
+            start = int(boundary)
     codes, offset = np.empty(len(tagged), dtype=np.int64), 0
     for lo, hi in zip([0, *cuts], [*cuts, len(tagged)]):
         chunk, _ = pd.factorize(tagged[lo:hi])

@@ -456,7 +456,7 @@ def _categories(definition: CategoryHierarchy, texts: np.ndarray) -> _Built:
     return _Built(
         problems=[(ungrouped, "are in no declared group; add them to one of the hierarchy's groups")],
         labels=labels,
-        order=lambda: np.array(sorted(range(len(texts)), key=lambda at: rank[texts[at]]), dtype=np.int64),
+        order=lambda: np.array(sorted(range(len(texts)), key=lambda at: rank[str(texts[at])]), dtype=np.int64),
         numbers=None,
     )
 

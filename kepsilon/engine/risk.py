@@ -289,6 +289,8 @@ def population_uniqueness(sizes, population: int) -> dict:
         raise SpecError("population.size", "must be at least the number of records")
     histogram = size_histogram(sizes) if sample else {}
     fraction = sample / population if population else 1.0
+    estimates: dict[str, float | None]
+    value: float | None
     if not histogram.get(1):
         estimates = {"pitman": 0.0, "zayatz": 0.0, "snb": 0.0}
         chosen = "none (no sample uniques)"
@@ -315,7 +317,7 @@ def dankar_choice(estimates: dict[str, float | None], fraction: float) -> tuple[
     pitman, zayatz, snb = estimates.get("pitman"), estimates.get("zayatz"), estimates.get("snb")
     if fraction <= 0.1:
         return ("pitman", pitman) if _valid(pitman) else ("zayatz", zayatz)
-    if _valid(snb) and _valid(zayatz):
+    if snb is not None and zayatz is not None and _valid(snb) and _valid(zayatz):
         return ("zayatz", zayatz) if zayatz < snb else ("snb", snb)
     return ("zayatz", zayatz) if _valid(zayatz) else ("snb", snb)
 

@@ -11,7 +11,8 @@ Every figure is computed from private values: it belongs in the private audit re
 from __future__ import annotations
 
 import math
-from typing import Sequence
+from collections.abc import Sequence
+from typing import Any
 
 import numpy as np
 import pandas as pd
@@ -62,7 +63,7 @@ def correlation_change(source: pd.DataFrame, released: pd.DataFrame, columns: Se
         return None
     before = source[columns].astype(np.float64).corr()
     after = released[columns].astype(np.float64).corr()
-    pairs = []
+    pairs: list[dict[str, Any]] = []
     for i, first in enumerate(columns):
         for second in columns[i + 1:]:
             pairs.append({"columns": [first, second], "before": _finite(before.loc[first, second]),
