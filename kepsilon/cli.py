@@ -30,8 +30,10 @@ from rich.markup import escape
 from rich.table import Table
 
 from kepsilon.tasks.errors import KepsilonError
+from kepsilon.usage_errors import OneLineUsageErrors
 
 app = typer.Typer(
+    cls=OneLineUsageErrors,  # a bad option value: one line naming the option, exit code 2
     help="Governed, auditable (k,ε)-anonymised releases.",
     no_args_is_help=True,
     add_completion=False,
