@@ -125,6 +125,15 @@ def check_grid(k_values, epsilon_values, draws: int) -> tuple[list[int], list[fl
     return ks, epsilons
 
 
+def check_targets(target_error: float | None, max_linking_risk: float | None) -> None:
+    """Refuse targets no cell could meet for a reason of their own: an error target must be a positive,
+    finite fraction; a linking-risk target a fraction in [0, 1]."""
+    if target_error is not None and not (math.isfinite(target_error) and target_error > 0):
+        raise SpecError("target_error", "must be a positive, finite fraction (0.05 is 5 %)")
+    if max_linking_risk is not None and not (math.isfinite(max_linking_risk) and 0 <= max_linking_risk <= 1):
+        raise SpecError("max_linking_risk", "must be a fraction between 0 and 1 (0.1 is 10 %)")
+
+
 def advise(
     frame: pd.DataFrame,
     spec,
@@ -338,6 +347,7 @@ def advise_and_record(
     from .ingest import read_source
 
     ks, epsilons = check_grid(k_values, epsilon_values, draws)
+    check_targets(target_error, max_linking_risk)
     stamp = datetime.now(timezone.utc).strftime("%Y%m%dT%H%M%S%fZ")
     report_dir = private_report_dir(f"advice-{spec.population_id}-{stamp}", spec.output_dir)
     db = open_store(store)
