@@ -43,7 +43,7 @@ class ReleaseInProgress(KepsilonError):
 
 def claims_folder(store: str | Path) -> Path:
     """The folder of claim files for the store at ``store``: ``<store>.claims`` beside it."""
-    path = Path(store).absolute()
+    path = Path(store).resolve()
     return path.with_name(path.name + ".claims")
 
 
