@@ -276,7 +276,10 @@ def _prepare_scratch(spec: ReleaseSpec, output_dir: str, table_bytes: int) -> Pa
             f"{str(root.parent)!r} has {free:,} bytes free; the intermediate partitions need {needed:,} "
             f"({SCRATCH_FACTOR} × the table's estimated size)",
         )
-    Scratch(root).create()
+    try:
+        Scratch(root).create()
+    except OSError as error:  # e.g. an immutable (chattr +i) or read-only folder: root is not stopped by modes
+        raise SpecError("execution.scratch", f"{str(root)!r} cannot be made ({error.strerror or type(error).__name__})") from None
     return root
 
 
