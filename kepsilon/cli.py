@@ -231,6 +231,8 @@ def release(
 
     if db is not None:
         os.environ["KEPSILON_AUDIT_DB"] = str(db)
+    # The dask engine's local workers keep failed tasks' tracebacks off this terminal too (kepsilon/worker_console.py).
+    os.environ["KEPSILON_WORKER_TRACEBACKS"] = "shown" if debug else "hidden"
     quiet = RefusalTracebacks()
     try:
         spec = load_spec(

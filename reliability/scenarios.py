@@ -1029,6 +1029,8 @@ def _message_lines(output: str) -> list[str]:
         text = line.strip()
         if not text or re.match(r"\d\d:\d\d:\d\d\.\d+ \|", text) or text[0] in "┏┃┡│└━╭╰┗":
             continue
+        if re.search(r"\d+/\d+ partitions", text):  # a stage's progress bar
+            continue
         said.append(text)
     return said
 
