@@ -1226,12 +1226,103 @@ def same_id_race(results: Results, env: dict, base: Path, source: Path, processe
     return table
 
 
+def _fill(folder: Path) -> int:
+    """Write zeros into ``folder`` until its file system is full; the bytes written."""
+    written = 0
+    chunk = b"\0" * (1 << 20)
+    try:
+        with open(folder / "filler", "wb") as handle:
+            while True:
+                handle.write(chunk)
+                handle.flush()
+                written += len(chunk)
+    except OSError:
+        pass
+    return written
+
+
+def full_disk_dask(results: Results, env: dict, base: Path, source: Path) -> dict | None:
+    """The dask engine's disk (output and scratch on a 32 MiB tmpfs) filled right after the reservation:
+    one ``release failed`` line naming the error, no task tracebacks, recorded; the rerun resumes it (one spend).
+
+    Needs ``mount -t tmpfs`` (root in a container that allows it); skipped, and said so, where it fails.
+    """
+    name = "full disk during a dask release"
+    work, case_env = _settings_work(base, name, env)
+    disk = work / "small-disk"
+    disk.mkdir()
+    mounted = subprocess.run(["mount", "-t", "tmpfs", "-o", "size=32m,mode=0700", "tmpfs", str(disk)], capture_output=True, text=True)
+    if mounted.returncode != 0:
+        results.add(SETTINGS_CATEGORY, f"{name}: skipped (no tmpfs mount here)", True, _flat(mounted.stderr)[:120])
+        return None
+    try:
+        spec = spec_dict(work, "full-disk", source={"path": str(source), "delimiter": ";"}, output_dir=str(disk / "out"),
+                         **NO_BUDGET_FAILURES)
+        spec["execution"] = {"engine": "dask", "partitions": 2, "workers": 1, "scratch": str(disk / "scratch")}
+        path = write_spec(work, spec, name="spec")
+        hold = work / "hold"
+        held_env = {**case_env, "KEPSILON_HOLD_AT": "after-reservation", "KEPSILON_HOLD_FILE": str(hold)}
+        running = subprocess.Popen([str(BIN / "kepsilon"), "release", str(path)], cwd=work, env=held_env,
+                                   stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+        deadline = time.monotonic() + 600
+        while not hold.with_name("hold.reached").exists() and running.poll() is None and time.monotonic() < deadline:
+            time.sleep(0.05)
+        filled = _fill(disk)
+        hold.touch()
+        out, err = running.communicate(timeout=900)
+        said = [line for line in _message_lines(err) if not line.startswith("note:")]
+        db = work / "audit.db"
+        records = [o for (o,) in rows(db, "SELECT outcome FROM releases WHERE release_id = 'full-disk' ORDER BY id")]
+        results.add(SETTINGS_CATEGORY, f"{name}: exit 2, one line 'release failed:' naming the full disk",
+                    running.returncode == 2 and len(said) == 1 and said[0].startswith("release failed:")
+                    and ("No space left" in said[0] or "Errno 28" in said[0]),
+                    f"exit {running.returncode}, filled {filled // 2**20} MiB: {' | '.join(said)[:240]}")
+        results.add(SETTINGS_CATEGORY, f"{name}: no traceback (the workers' task tracebacks included)",
+                    "Traceback" not in out + err, f"{(out + err).count('Traceback')} traceback(s)")
+        results.add(SETTINGS_CATEGORY, f"{name}: recorded as failed", records == ["failed"], f"records {records}")
+        (disk / "filler").unlink()
+        again = kepsilon(["release", str(path)], case_env, work)
+        records = [o for (o,) in rows(db, "SELECT outcome FROM releases WHERE release_id = 'full-disk' ORDER BY id")]
+        kinds = ledger_kinds(db, "full-disk")
+        results.add(SETTINGS_CATEGORY, f"{name}: with room again, the rerun publishes on the same reservation (one spend)",
+                    again.returncode == 0 and records == ["failed", "published"] and kinds == {"reserve": 1, "spend": 1},
+                    f"exit {again.returncode}, records {records}, ledger {kinds}")
+        return {"case": name, "exit": running.returncode, "line": (said[-1] if said else "")[:160]}
+    finally:
+        subprocess.run(["umount", str(disk)], capture_output=True)
+
+
+def immutable_scratch(results: Results, env: dict, base: Path, source: Path) -> dict | None:
+    """A Dask release whose ``execution.scratch`` folder is immutable (``chattr +i``: root ignores modes)."""
+    from .harness import make_unwritable
+
+    name = "immutable dask scratch folder"
+    work, case_env = _settings_work(base, name, env)
+    folder = work / "scratch"
+    folder.mkdir()
+    undo = make_unwritable(folder)
+    if undo is None:
+        results.add(SETTINGS_CATEGORY, f"{name}: skipped (neither mode 0555 nor chattr +i stops writes here)", True)
+        return None
+    try:
+        spec = spec_dict(work, "scratch-case", source={"path": str(source), "delimiter": ";"}, **NO_BUDGET_FAILURES)
+        spec["execution"] = {"engine": "dask", "partitions": 2, "workers": 1, "scratch": str(folder)}
+        path = write_spec(work, spec, name="spec")
+        return _settings_case(results, name, ["release", str(path)], case_env, work, ("execution.scratch",), "\xff",  # no value given: the path is named
+                              _figures(work / "audit.db"), accepted=False)
+    finally:
+        undo()
+
+
 def bad_settings_scenario(results: Results, env: dict, base: Path, source: Path, race_trials: int = 5) -> list[dict]:
     """Issue 24's items 4 and 5: malformed Parquet, every option and variable with absurd values, same-id races."""
     base.mkdir(parents=True, exist_ok=True)
     table = malformed_parquet(results, env, base, source)
     table += option_matrix(results, env, base, source)
     table += variable_matrix(results, env, base, source)
+    for optional in (immutable_scratch, full_disk_dask):
+        row = optional(results, env, base, source)
+        table += [row] if row else []
     results.counts["bad settings tried"] = str(len(table))
     same_id_race(results, env, base, source, trials=race_trials)
     return table

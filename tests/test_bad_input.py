@@ -293,6 +293,24 @@ def test_init_refuses_bad_parquet_naming_the_column(tmp_path):
     assert not (tmp_path / "spec.yaml").exists()
 
 
+def test_an_immutable_dask_scratch_folder_is_refused_by_name(tmp_path, synthetic_spec_dict):
+    from kepsilon.flows.release_dask import _prepare_scratch
+    from reliability.harness import make_unwritable
+
+    folder = tmp_path / "scratch"
+    folder.mkdir()
+    spec = parse_spec({**synthetic_spec_dict, "execution": {"engine": "dask", "scratch": str(folder)}})
+    undo = make_unwritable(folder)
+    if undo is None:
+        pytest.skip("neither mode 0555 nor chattr +i stops writes here")
+    try:
+        with pytest.raises(SpecError) as refused:
+            _prepare_scratch(spec, str(tmp_path / "out"), 1000)
+    finally:
+        undo()
+    assert refused.value.parameter == "execution.scratch"
+
+
 # --- same-id claims ------------------------------------------------------------------------------
 
 
