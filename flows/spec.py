@@ -629,7 +629,6 @@ def parse_spec(raw: dict) -> ReleaseSpec:
         return ReleaseSpec.model_validate(raw)
     except ValidationError as exc:
         first, loc = _most_specific(exc.errors())
-        # The spec's own path (dp.max_delta), without pydantic's validator and union tags.
         location = ".".join(str(part) for part in loc if not _is_branch_tag(part)) or "spec"
         message = first["msg"]
         if first["type"] == "extra_forbidden":
