@@ -34,6 +34,10 @@ from .store import append, ensure_population, now, require_text, write_transacti
 
 NANO = 10**9
 ATTO = 10**18  # δ's unit: δ down to 1e-18 is charged exactly, a smaller one as 1e-18 (rounded up)
+# The largest ε (or δ) amount the ledger takes: SQLite's INTEGER holds at most 2⁶³ − 1 ≈ 9.2e18 units,
+# i.e. ε ≈ 9.2e9 in nano-ε; a round bound below it keeps every sum of admitted amounts (each sum is
+# bounded by a cap) representable too. No meaningful privacy budget comes near it.
+MAX_AMOUNT = 10**9
 ENV_DEFAULT_CAP = "KEPSILON_DEFAULT_CAP"
 DEFAULT_CAP_ACTOR = "kepsilon-default"
 
@@ -128,16 +132,30 @@ def _to_units(parameter: str, epsilon, units: int, *, round_up: bool) -> int:
     if value is None:  # a Fraction: exact rational arithmetic
         if epsilon <= 0:
             raise SpecError(parameter, "must be positive")
+        if epsilon > MAX_AMOUNT:
+            raise SpecError(parameter, f"is beyond what the ledger can hold (at most {MAX_AMOUNT:,})")
         scaled = epsilon * units
         return math.ceil(scaled) if round_up else math.floor(scaled)
     if not value.is_finite():
         raise SpecError(parameter, "must be finite")
     if value <= 0:
         raise SpecError(parameter, "must be positive")
+    if value > MAX_AMOUNT:
+        raise SpecError(parameter, f"is beyond what the ledger can hold (at most {MAX_AMOUNT:,})")
     amount = int((value * units).to_integral_value(rounding=ROUND_CEILING if round_up else ROUND_FLOOR))
     if amount <= 0:
         raise SpecError(parameter, f"is below the ledger's resolution of 1e-{len(str(units)) - 1}")
     return amount
+
+
+def require_delta_cap(parameter: str, delta) -> None:
+    """Refuse a δ cap of 1 or more: the DP total is kept below 1 anyway, and such a cap guarantees nothing."""
+    try:
+        value = Decimal(str(delta))
+    except InvalidOperation:
+        raise SpecError(parameter, "must be a number") from None
+    if value.is_finite() and value >= 1:
+        raise SpecError(parameter, "must be below 1 (δ is a probability; a δ cap of 1 or more guarantees nothing)")
 
 
 def from_nano(nano: int) -> float:
@@ -418,6 +436,8 @@ def set_cap(
     by = require_text("by", by)
     reason = require_text("reason", reason)
     nano = to_nano("cap", cap, round_up=False)
+    if delta is not None:
+        require_delta_cap("delta", delta)
     atto = None if delta is None else to_atto("delta", delta, round_up=False)
     with write_transaction(db) as conn:
         ensure_population(conn, population_id, by)

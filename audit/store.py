@@ -302,6 +302,9 @@ def _advice_events(db: sqlite_utils.Database) -> None:
     _append_only(db, "advice_events")
 
 
+MAX_BUSY_TIMEOUT_S = 86_400
+
+
 def busy_timeout_ms() -> int:
     """How long a write waits for another writer's lock: env KEPSILON_AUDIT_BUSY_TIMEOUT (seconds), else 60 s."""
     raw = os.environ.get(ENV_BUSY_TIMEOUT)
@@ -313,6 +316,8 @@ def busy_timeout_ms() -> int:
         raise SpecError(ENV_BUSY_TIMEOUT, "must be a number of seconds") from None
     if not seconds > 0 or seconds != seconds or seconds == float("inf"):
         raise SpecError(ENV_BUSY_TIMEOUT, "must be a positive, finite number of seconds")
+    if seconds > MAX_BUSY_TIMEOUT_S:  # SQLite takes the timeout as a C int of milliseconds
+        raise SpecError(ENV_BUSY_TIMEOUT, f"must be at most {MAX_BUSY_TIMEOUT_S} seconds (one day)")
     return max(int(seconds * 1000), 1)
 
 

@@ -26,6 +26,7 @@ from datetime import datetime, timezone
 from prefect import flow, get_run_logger
 from prefect.runtime import flow_run
 
+from kepsilon.audit.claims import release_claim
 from kepsilon.faults import fault_point
 from kepsilon.flows.manifest import base_manifest, idempotency_key, public_manifest, published_groups
 from kepsilon.flows.report import (
@@ -88,14 +89,16 @@ def governed_release(spec: ReleaseSpec) -> dict:
     """
     spec = spec.for_run(_run_day(), flow_run.name or "run")
     sweep_leftover_scratch(spec)  # a killed Dask run's sealed scratch, whatever its id or engine
-    if spec.execution.engine == "dask":
-        # The partitioned path: the same governance, partition by partition on Dask (flows/release_dask.py).
-        from kepsilon.flows.release_dask import release_on_dask
+    # Held for the whole run: a second run of the same release is refused while this one lives.
+    with release_claim(store_location(), spec.release_id):
+        if spec.execution.engine == "dask":
+            # The partitioned path: the same governance, partition by partition on Dask (flows/release_dask.py).
+            from kepsilon.flows.release_dask import release_on_dask
 
-        return release_on_dask(spec)
-    with release_progress(len(MEMORY_STAGES), f"release {spec.release_id}") as progress:
-        record = _release_in_memory(spec)
-        progress.step(progress.steps)
+            return release_on_dask(spec)
+        with release_progress(len(MEMORY_STAGES), f"release {spec.release_id}") as progress:
+            record = _release_in_memory(spec)
+            progress.step(progress.steps)
     return record
 
 

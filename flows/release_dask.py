@@ -224,6 +224,17 @@ def _flush_workers() -> None:
         get_run_logger().warning("could not flush the workers' logs (%s)", type(failure).__name__)
 
 
+def _hide_worker_tracebacks() -> None:
+    """Keep failed tasks' tracebacks off the terminal in the workers too (``kepsilon.worker_console``)."""
+    from prefect.context import FlowRunContext
+
+    from kepsilon.worker_console import hide_worker_tracebacks
+
+    context = FlowRunContext.get()
+    # ``client`` (not ``_client``): the runner starts its cluster on first use, which this is.
+    hide_worker_tracebacks(getattr(getattr(context, "task_runner", None), "client", None))
+
+
 def _drain_prefect_services() -> None:
     """On a worker: drain Prefect's log and event senders (in a thread of its own: the worker's event loop
     would turn the drain into a coroutine nobody awaits)."""
@@ -251,6 +262,8 @@ def governed_release_dask(spec: ReleaseSpec) -> dict:
     """
     logger = get_run_logger()
     spec = spec.for_run(_run_day(), flow_run.name or "run")
+    if not spec.execution.scheduler:  # our own local cluster writes to the CLI's terminal
+        _hide_worker_tracebacks()
     operator = spec.operator or getpass.getuser()
     store = store_location()
     started_at = datetime.now(timezone.utc).isoformat()
@@ -378,7 +391,10 @@ def _prepare_scratch(spec: ReleaseSpec, output_dir: str, table_bytes: int) -> Sc
             f"{str(root)!r} has {free:,} bytes free; the intermediate partitions need {needed:,} "
             f"({SCRATCH_FACTOR} × the table's estimated size)",
         )
-    return ScratchLease(root, spec.release_id)
+    try:
+        return ScratchLease(root, spec.release_id)
+    except OSError as error:  # e.g. an immutable (chattr +i) or read-only folder: root is not stopped by modes
+        raise SpecError("execution.scratch", f"{str(root)!r} cannot be made ({error.strerror or type(error).__name__})") from None
 
 
 def _on_this_machine(address: str) -> bool:

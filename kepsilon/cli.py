@@ -31,8 +31,10 @@ from rich.markup import escape
 from rich.table import Table
 
 from kepsilon.tasks.errors import KepsilonError
+from kepsilon.usage_errors import OneLineUsageErrors
 
 app = typer.Typer(
+    cls=OneLineUsageErrors,  # a bad option value: one line naming the option, exit code 2
     help="Governed, auditable (k,ε)-anonymised releases.",
     no_args_is_help=True,
     add_completion=False,
@@ -476,6 +478,8 @@ def check(
 
     if db is not None:
         os.environ["KEPSILON_AUDIT_DB"] = str(db)
+    # The dask engine's local workers keep failed tasks' tracebacks off this terminal too (kepsilon/worker_console.py).
+    os.environ["KEPSILON_WORKER_TRACEBACKS"] = "shown" if debug else "hidden"
     quiet = RefusalTracebacks()
     try:
         spec = load_spec(

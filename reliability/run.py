@@ -26,6 +26,7 @@ from .scenarios import (
     ORCHESTRATOR_KILL_POINTS,
     bad_day_scenario,
     bad_input_scenario,
+    bad_settings_scenario,
     fault_scenario,
     leak_scenario,
     noise_scenario,
@@ -48,6 +49,13 @@ def run_all(args) -> tuple[Results, list[dict], dict, dict[str, float], list[dic
     leak_sample = sample_source(base / "leak-sample.csv", 2000)
     bad_day: list[dict] = []
     with prefect_server(base / "prefect") as env:
+        if args.bad_settings_only:
+            start = time.monotonic()
+            table = [{"case": row["case"], "exit": row["exit"], "outcome": "accepted" if row["exit"] == 0 else f"exit {row['exit']}",
+                      "message": row["line"]}
+                     for row in bad_settings_scenario(results, env, base / "settings", small, race_trials=args.same_id_trials)]
+            timings["bad settings"] = timings["same-id races"] = time.monotonic() - start
+            return _finish(results, base), table, {}, timings, []
         start = time.monotonic()
         bad_day = bad_day_scenario(results, env, base / "bad-day", small, lock_seconds=tuple(args.lock_seconds),
                                    busy_timeout=args.busy_timeout, late_lock_seconds=args.late_lock_seconds)
@@ -76,6 +84,12 @@ def run_all(args) -> tuple[Results, list[dict], dict, dict[str, float], list[dic
         start = time.monotonic()
         bad_table = bad_input_scenario(results, env, base / "bad", small, subprocess_cli)
         timings["bad input"] = time.monotonic() - start
+
+        start = time.monotonic()
+        bad_table += [{"case": row["case"], "exit": row["exit"], "outcome": "accepted" if row["exit"] == 0 else f"exit {row['exit']}",
+                       "message": row["line"]}
+                      for row in bad_settings_scenario(results, env, base / "settings", small, race_trials=args.same_id_trials)]
+        timings["bad settings"] = timings["same-id races"] = time.monotonic() - start
 
         start = time.monotonic()
         leak_matrix = leak_scenario(results, env, base / "leak", leak_sample, rows_with_canaries=10)
@@ -187,6 +201,9 @@ def main() -> int:
     parser.add_argument("--bad-day-only", action="store_true", help="run only the bad-day scenarios")
     parser.add_argument("--dask-rows", type=int, default=4000, help="records of the Dask scenarios' source")
     parser.add_argument("--skip-dask", action="store_true", help="leave out the Dask engine's scenarios")
+    parser.add_argument("--bad-settings-only", action="store_true",
+                        help="run only the bad-settings and same-id race scenarios (issue 24, items 4 and 5)")
+    parser.add_argument("--same-id-trials", type=int, default=5, help="same-id races: trials of 3 processes")
     args = parser.parse_args()
     results, bad_table, leak_matrix, timings, bad_day = run_all(args)
     summary = write_report(results, bad_table, leak_matrix, timings, args.report, bad_day)

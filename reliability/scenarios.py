@@ -1086,3 +1086,327 @@ def orchestrator_death(results: Results, base: Path, source: Path, point: str, m
     check("at most one reservation and one spend", figures["reserves"] <= 1 and figures["spent"] <= 1.0,
           f"reserves {figures['reserves']}, spent {figures['spent']}")
     return {"point": point, "store": state, "exit": process.returncode, "seconds": round(seconds, 1), "line": said}
+# --- 9. Bad settings and same-id races (issue 24, items 4 and 5) ----------------------------------
+#
+# Kept apart from the blocks above: absurd values for every CLI option and environment variable and
+# malformed Parquet sources, each through the real command; then three processes releasing the same
+# id at once. The bar for bad input: one line naming the option, variable or column (never the value
+# given), exit 2 — or success — never a traceback, nothing reserved or spent by a refusal.
+
+SETTINGS_CATEGORY = "bad settings"
+RACE_ID_CATEGORY = "same-id races"
+ABSURD_VALUES = ("1e10", "1e308", "inf", "nan", "-1", "0", "abc")
+IN_PROGRESS_MESSAGE = "is already being published by another run"
+
+
+def _quotes(line: str, value: str) -> bool:
+    """Whether the line repeats the value given (a one-digit number may occur in the rule itself, unquoted)."""
+    if value.lstrip("-").isdigit() and len(value.lstrip("-")) == 1:
+        return f"'{value}'" in line
+    return value.lower() in line.lower().replace("kepsilon", "")
+
+
+def _message_lines(output: str) -> list[str]:
+    """The output's lines that are not Prefect's run log (timestamped) or its rich tables: what the CLI said."""
+    said = []
+    for line in output.splitlines():
+        text = line.strip()
+        if not text or re.match(r"\d\d:\d\d:\d\d\.\d+ \|", text) or text[0] in "┏┃┡│└━╭╰┗":
+            continue
+        if re.search(r"\d+/\d+ partitions", text):  # a stage's progress bar
+            continue
+        said.append(text)
+    return said
+
+
+def _settings_case(results: Results, name: str, args: list[str], env: dict, work: Path, names: tuple[str, ...],
+                   value: str, before: dict, accepted: bool | None = None) -> dict:
+    """Run one case; check: no traceback, exit 0 or 2, a refusal in one line naming one of ``names``, nothing spent."""
+    run = kepsilon(args, env, work)
+    output = run.stderr + run.stdout
+    said = [line for line in _message_lines(run.stderr) if not line.startswith("note:")]
+    results.add(SETTINGS_CATEGORY, f"{name}: no traceback", "Traceback" not in output, _flat(output)[-160:])
+    results.add(SETTINGS_CATEGORY, f"{name}: exit 0 or 2", run.returncode in (0, 2), f"exit {run.returncode}")
+    if accepted is not None:
+        results.add(SETTINGS_CATEGORY, f"{name}: {'accepted' if accepted else 'refused'}",
+                    (run.returncode == 0) == accepted, f"exit {run.returncode}: {_flat(output)[-160:]}")
+    if run.returncode == 2:
+        line = said[-1] if said else ""
+        results.add(SETTINGS_CATEGORY, f"{name}: one line naming {names[0]}",
+                    len(said) == 1 and any(n.lower() in line.lower().replace("-", "_") for n in names), line[:200])
+        results.add(SETTINGS_CATEGORY, f"{name}: the value is not repeated", not _quotes(line, value), line[:200])
+        after = _figures(work / "audit.db")
+        results.add(SETTINGS_CATEGORY, f"{name}: nothing reserved or spent",
+                    (after["reserves"], after["spent"], after["seeds"]) == (before["reserves"], before["spent"], before["seeds"]),
+                    f"reserves {after['reserves']}, spent {after['spent']}, seeds {after['seeds']}")
+    return {"case": name, "exit": run.returncode, "line": (said[-1] if said else "")[:160]}
+
+
+def _settings_work(base: Path, name: str, env: dict, cap: float | None = 10.0) -> tuple[Path, dict]:
+    work = base / re.sub(r"[^a-z0-9]+", "-", name.lower()).strip("-")
+    work.mkdir(parents=True, exist_ok=True)
+    case_env = store_env(env, work)
+    case_env.pop("KEPSILON_DEFAULT_CAP", None)
+    if cap is not None:
+        set_cap(case_env, work, cap)
+    return work, case_env
+
+
+def _bad_text_parquet(source: Path, target: Path, column: str) -> Path:
+    """The CSV sample as Parquet (text columns as text), one value of ``column`` made invalid UTF-8."""
+    import pyarrow as pa
+    import pyarrow.parquet as pq
+
+    frame = pd.read_csv(source, sep=";", dtype=str, keep_default_na=False)
+    table = pa.Table.from_pandas(frame, preserve_index=False)
+    values = [v.encode("utf-8") for v in frame[column]]
+    values[len(values) // 2] = values[len(values) // 2][:1] + b"\xff" + values[len(values) // 2][1:]
+    offsets = np.cumsum([0] + [len(v) for v in values]).astype(np.int32)
+    broken = pa.StringArray.from_buffers(len(values), pa.py_buffer(offsets.tobytes()), pa.py_buffer(b"".join(values)))
+    table = table.set_column(table.column_names.index(column), column, broken)
+    pq.write_table(table, target)
+    return target
+
+
+def _wrong_types_parquet(source: Path, target: Path) -> Path:
+    """The sample as Parquet with HEIGHT (an ε-quasi) stored as text and YOB (a k-quasi) as booleans."""
+    frame = pd.read_csv(source, sep=";", dtype=str, keep_default_na=False)
+    frame["YOB"] = frame["YOB"].astype(int) % 2 == 0
+    frame.to_parquet(target, index=False)
+    return target
+
+
+def malformed_parquet(results: Results, env: dict, base: Path, source: Path) -> list[dict]:
+    """Invalid UTF-8 in a text column (memory and dask engines, and ``kepsilon init``), wrong column types, a
+    truncated file: each refused in one line, exit 2, before any ε."""
+    table = []
+    cases = []
+    for engine in ("memory", "dask"):
+        for column, names in (("NAME", ("NAME",)), ("RACE", ("RACE",))):
+            cases.append((f"Parquet, invalid UTF-8 in {column} ({engine})", "utf8", column, engine, names))
+    cases.append(("Parquet, wrong column types", "types", None, "memory", ("YOB", "HEIGHT")))
+    cases.append(("Parquet, truncated file", "truncated", None, "memory", ("Parquet",)))
+    for name, kind, column, engine, names in cases:
+        work, case_env = _settings_work(base, name, env)
+        target = work / "source.parquet"
+        if kind == "utf8":
+            _bad_text_parquet(source, target, column)
+        elif kind == "types":
+            _wrong_types_parquet(source, target)
+        else:
+            _wrong_types_parquet(source, work / "whole.parquet")
+            data = (work / "whole.parquet").read_bytes()
+            target.write_bytes(data[: len(data) // 2])
+        spec = spec_dict(work, "parquet-case", source={"path": str(target)}, **NO_BUDGET_FAILURES)
+        if engine == "dask":
+            spec["execution"] = {"engine": "dask", "partitions": 2, "workers": 1}
+        path = write_spec(work, spec, name="spec")
+        before = _figures(work / "audit.db")
+        table.append(_settings_case(results, name, ["release", str(path)], case_env, work, names, "\xff", before, accepted=False))
+        if kind == "utf8" and engine == "memory" and column == "NAME":
+            table.append(_settings_case(results, f"{name}: kepsilon init", ["init", str(target), "-o", str(work / "init.yaml")],
+                                        case_env, work, names, "\xff", before, accepted=False))
+    return table
+
+
+def option_matrix(results: Results, env: dict, base: Path, source: Path, values=ABSURD_VALUES) -> list[dict]:
+    """Absurd numbers for every option of ``release``, ``advise``, ``init`` and ``audit`` (subprocess runs)."""
+    table = []
+    work, case_env = _settings_work(base, "options", env, cap=1000.0)  # room for every accepted release
+    spec = write_spec(work, spec_dict(work, "options", source={"path": str(source), "delimiter": ";"}, **NO_BUDGET_FAILURES), name="spec")
+    matrix: list[tuple[str, list[str], tuple[str, ...]]] = []
+    for value in values:
+        matrix += [
+            (f"release --k {value}", ["release", str(spec), "--k", value], ("k",)),
+            (f"release --epsilon {value}", ["release", str(spec), "--epsilon", value], ("epsilon",)),
+            (f"release --algorithm {value}", ["release", str(spec), "--algorithm", value], ("algorithm",)),
+            (f"advise --k {value}", ["advise", str(spec), "--k", value, "--draws", "2"], ("k",)),
+            (f"advise --epsilon {value}", ["advise", str(spec), "--epsilon", value, "--k", "2", "--draws", "2"], ("epsilon",)),
+            (f"advise --draws {value}", ["advise", str(spec), "--k", "2", "--epsilon", "1", "--draws", value], ("draws",)),
+            (f"advise --target-error {value}", ["advise", str(spec), "--k", "2", "--epsilon", "1", "--draws", "2",
+                                                "--target-error", value], ("target_error",)),
+            (f"advise --max-linking-risk {value}", ["advise", str(spec), "--k", "2", "--epsilon", "1", "--draws", "2",
+                                                    "--max-linking-risk", value], ("max_linking_risk",)),
+            (f"audit set-cap CAP {value}", ["audit", "set-cap", "--by", "r", "--reason", "r", "--", POPULATION, value], ("cap",)),
+            (f"audit set-cap --delta {value}", ["audit", "set-cap", "--by", "r", "--reason", "r", "--delta", value, POPULATION, "10"],
+             ("delta",)),
+            (f"audit policy --min-k {value}", ["audit", "policy", "--min-k", value], ("min_k",)),
+            (f"audit policy --max-epsilon {value}", ["audit", "policy", "--max-epsilon", value], ("max_epsilon",)),
+        ]
+    # Text-valued options: any text is a valid id or name, so these must succeed (or say why in one line).
+    for value in ("1e10", "nan", "-1"):
+        matrix += [(f"release --release-id {value}", ["release", str(spec), "--release-id", value], ("release_id",)),
+                   (f"release --operator {value}", ["release", str(spec), "--operator", value, "--release-id", f"op-{value}"],
+                    ("operator",))]
+    for number, (name, args, names) in enumerate(matrix):
+        if args[0] == "release" and "--release-id" not in args:
+            args = [*args, "--release-id", f"case-{number}"]  # each its own release: none is "already published"
+        table.append(_settings_case(results, name, args, case_env, work, names, name.split()[-1], _figures(work / "audit.db")))
+    return table
+
+
+NUMBER_VARIABLES = ("KEPSILON_DEFAULT_CAP", "KEPSILON_AUDIT_BUSY_TIMEOUT", "KEPSILON_SEED_KEY")
+PATH_VARIABLES = ("KEPSILON_AUDIT_DB", "KEPSILON_SEED_KEY_FILE", "KEPSILON_AUDIT_HEAD_LOG", "KEPSILON_REPORTS_DIR")
+
+
+def variable_matrix(results: Results, env: dict, base: Path, source: Path, values=ABSURD_VALUES) -> list[dict]:
+    """Absurd values for every KEPSILON_ variable a user sets, through a release (numbers) or ``audit set-cap``
+    and a release (paths, which any text names): refused in one line naming the variable, or used."""
+    table = []
+    for variable in NUMBER_VARIABLES + PATH_VARIABLES:
+        for value in values if variable in NUMBER_VARIABLES else ("1e10", "nan"):
+            name = f"{variable}={value}"
+            work, case_env = _settings_work(base, name, env, cap=None if variable in ("KEPSILON_DEFAULT_CAP",) else 10.0)
+            spec = write_spec(work, spec_dict(work, "variables", source={"path": str(source), "delimiter": ";"},
+                                              **NO_BUDGET_FAILURES), name="spec")
+            case_env = {**case_env, variable: value}
+            if variable in ("KEPSILON_AUDIT_DB",):
+                case_env["KEPSILON_DEFAULT_CAP"] = "10"  # a new store elsewhere: let it have a cap
+            table.append(_settings_case(results, name, ["release", str(spec)], case_env, work, (variable,), value,
+                                        _figures(work / "audit.db")))
+    return table
+
+
+def same_id_race(results: Results, env: dict, base: Path, source: Path, processes: int = 3, trials: int = 5) -> list[dict]:
+    """``processes`` runs of one release (same spec, same id) started together, ``trials`` times.
+
+    Each trial: one publication, one reservation and one spend, no 'failed' or 'refused' record and no
+    unseal added to the release; every other process says, in one line and exit 2, that the release is
+    being published by another run — or, arriving after it finished, that it is already published (exit 0).
+    """
+    table = []
+    for trial in range(trials):
+        work, case_env = _settings_work(base, f"same-id-{trial}", env)
+        spec = write_spec(work, spec_dict(work, "same-id", source={"path": str(source), "delimiter": ";"}, **NO_BUDGET_FAILURES),
+                          name="spec")
+        running = [subprocess.Popen([str(BIN / "kepsilon"), "release", str(spec)], cwd=work, env=case_env,
+                                    stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True) for _ in range(processes)]
+        outcomes = [(proc.wait(timeout=900), *proc.communicate()) for proc in running]
+        db = work / "audit.db"
+        records = [o for (o,) in rows(db, "SELECT outcome FROM releases WHERE release_id = 'same-id' ORDER BY id")]
+        kinds = ledger_kinds(db, "same-id")
+        unseals = rows(db, "SELECT COUNT(*) FROM unseal_events")[0][0] if db.exists() else 0
+        label = f"trial {trial + 1}: {processes} processes, one release id"
+        published = [code for code, out, err in outcomes if code == 0 and "already published" not in _flat(out + err)]
+        refused = [err for code, out, err in outcomes if code == 2]
+        late = [out for code, out, err in outcomes if code == 0 and "already published" in _flat(out + err)]
+        results.add(RACE_ID_CATEGORY, f"{label}: exactly one run publishes", len(published) == 1,
+                    f"published {len(published)}, refused {len(refused)}, already published {len(late)}, "
+                    f"exit codes {[c for c, _, _ in outcomes]}")
+        results.add(RACE_ID_CATEGORY, f"{label}: one 'published' record and nothing else for the release",
+                    records == ["published"], f"records {records}")
+        results.add(RACE_ID_CATEGORY, f"{label}: one reservation, one spend", kinds == {"reserve": 1, "spend": 1}, f"ledger {kinds}")
+        results.add(RACE_ID_CATEGORY, f"{label}: no unseal ('interrupted release') by another process", unseals == 0,
+                    f"unseals {unseals}")
+        said = [_message_lines(err) for err in refused]
+        results.add(RACE_ID_CATEGORY, f"{label}: every refused run says so in one line, exit 2",
+                    all(len(lines) == 1 and IN_PROGRESS_MESSAGE in lines[0] for lines in said),
+                    "; ".join(lines[-1][:120] if lines else "(nothing)" for lines in said))
+        results.add(RACE_ID_CATEGORY, f"{label}: no traceback", all("Traceback" not in out + err for _, out, err in outcomes))
+        results.add(RACE_ID_CATEGORY, f"{label}: audit verify passes", verify(case_env, work).returncode == 0)
+        table.append({"trial": trial + 1, "published": len(published), "refused": len(refused), "late": len(late),
+                      "records": records, "ledger": kinds, "unseals": unseals})
+    results.counts["same-id races"] = f"{trials} trials × {processes} processes started together"
+    return table
+
+
+def _fill(folder: Path) -> int:
+    """Write zeros into ``folder`` until its file system is full; the bytes written."""
+    written = 0
+    chunk = b"\0" * (1 << 20)
+    try:
+        with open(folder / "filler", "wb") as handle:
+            while True:
+                handle.write(chunk)
+                handle.flush()
+                written += len(chunk)
+    except OSError:
+        pass
+    return written
+
+
+def full_disk_dask(results: Results, env: dict, base: Path, source: Path) -> dict | None:
+    """The dask engine's disk (output and scratch on a 32 MiB tmpfs) filled right after the reservation:
+    one ``release failed`` line naming the error, no task tracebacks, recorded; the rerun resumes it (one spend).
+
+    Needs ``mount -t tmpfs`` (root in a container that allows it); skipped, and said so, where it fails.
+    """
+    name = "full disk during a dask release"
+    work, case_env = _settings_work(base, name, env)
+    disk = work / "small-disk"
+    disk.mkdir()
+    mounted = subprocess.run(["mount", "-t", "tmpfs", "-o", "size=32m,mode=0700", "tmpfs", str(disk)], capture_output=True, text=True)
+    if mounted.returncode != 0:
+        results.add(SETTINGS_CATEGORY, f"{name}: skipped (no tmpfs mount here)", True, _flat(mounted.stderr)[:120])
+        return None
+    try:
+        spec = spec_dict(work, "full-disk", source={"path": str(source), "delimiter": ";"}, output_dir=str(disk / "out"),
+                         **NO_BUDGET_FAILURES)
+        spec["execution"] = {"engine": "dask", "partitions": 2, "workers": 1, "scratch": str(disk / "scratch")}
+        path = write_spec(work, spec, name="spec")
+        hold = work / "hold"
+        held_env = {**case_env, "KEPSILON_HOLD_AT": "after-reservation", "KEPSILON_HOLD_FILE": str(hold)}
+        running = subprocess.Popen([str(BIN / "kepsilon"), "release", str(path)], cwd=work, env=held_env,
+                                   stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+        deadline = time.monotonic() + 600
+        while not hold.with_name("hold.reached").exists() and running.poll() is None and time.monotonic() < deadline:
+            time.sleep(0.05)
+        filled = _fill(disk)
+        hold.touch()
+        out, err = running.communicate(timeout=900)
+        said = [line for line in _message_lines(err) if not line.startswith("note:")]
+        db = work / "audit.db"
+        records = [o for (o,) in rows(db, "SELECT outcome FROM releases WHERE release_id = 'full-disk' ORDER BY id")]
+        results.add(SETTINGS_CATEGORY, f"{name}: exit 2, one line 'release failed:' naming the full disk",
+                    running.returncode == 2 and len(said) == 1 and said[0].startswith("release failed:")
+                    and ("No space left" in said[0] or "Errno 28" in said[0]),
+                    f"exit {running.returncode}, filled {filled // 2**20} MiB: {' | '.join(said)[:240]}")
+        results.add(SETTINGS_CATEGORY, f"{name}: no traceback (the workers' task tracebacks included)",
+                    "Traceback" not in out + err, f"{(out + err).count('Traceback')} traceback(s)")
+        results.add(SETTINGS_CATEGORY, f"{name}: recorded as failed", records == ["failed"], f"records {records}")
+        (disk / "filler").unlink()
+        again = kepsilon(["release", str(path)], case_env, work)
+        records = [o for (o,) in rows(db, "SELECT outcome FROM releases WHERE release_id = 'full-disk' ORDER BY id")]
+        kinds = ledger_kinds(db, "full-disk")
+        results.add(SETTINGS_CATEGORY, f"{name}: with room again, the rerun publishes on the same reservation (one spend)",
+                    again.returncode == 0 and records == ["failed", "published"] and kinds == {"reserve": 1, "spend": 1},
+                    f"exit {again.returncode}, records {records}, ledger {kinds}")
+        return {"case": name, "exit": running.returncode, "line": (said[-1] if said else "")[:160]}
+    finally:
+        subprocess.run(["umount", str(disk)], capture_output=True)
+
+
+def immutable_scratch(results: Results, env: dict, base: Path, source: Path) -> dict | None:
+    """A Dask release whose ``execution.scratch`` folder is immutable (``chattr +i``: root ignores modes)."""
+    from .harness import make_unwritable
+
+    name = "immutable dask scratch folder"
+    work, case_env = _settings_work(base, name, env)
+    folder = work / "scratch"
+    folder.mkdir()
+    undo = make_unwritable(folder)
+    if undo is None:
+        results.add(SETTINGS_CATEGORY, f"{name}: skipped (neither mode 0555 nor chattr +i stops writes here)", True)
+        return None
+    try:
+        spec = spec_dict(work, "scratch-case", source={"path": str(source), "delimiter": ";"}, **NO_BUDGET_FAILURES)
+        spec["execution"] = {"engine": "dask", "partitions": 2, "workers": 1, "scratch": str(folder)}
+        path = write_spec(work, spec, name="spec")
+        return _settings_case(results, name, ["release", str(path)], case_env, work, ("execution.scratch",), "\xff",  # no value given: the path is named
+                              _figures(work / "audit.db"), accepted=False)
+    finally:
+        undo()
+
+
+def bad_settings_scenario(results: Results, env: dict, base: Path, source: Path, race_trials: int = 5) -> list[dict]:
+    """Issue 24's items 4 and 5: malformed Parquet, every option and variable with absurd values, same-id races."""
+    base.mkdir(parents=True, exist_ok=True)
+    table = malformed_parquet(results, env, base, source)
+    table += option_matrix(results, env, base, source)
+    table += variable_matrix(results, env, base, source)
+    for optional in (immutable_scratch, full_disk_dask):
+        row = optional(results, env, base, source)
+        table += [row] if row else []
+    results.counts["bad settings tried"] = str(len(table))
+    same_id_race(results, env, base, source, trials=race_trials)
+    return table

@@ -112,6 +112,9 @@ class Advice:
         return asdict(self)
 
 
+MAX_GRID_EPSILON = 1e9  # the audit ledger's largest ε (kepsilon.audit.ledger.MAX_AMOUNT)
+
+
 def check_grid(k_values, epsilon_values, draws: int) -> tuple[list[int], list[float]]:
     """Sorted, de-duplicated grid; refuses k < 2, ε not positive and finite, draws outside 2..MAX_DRAWS."""
     ks = sorted({int(k) for k in k_values})
@@ -120,9 +123,20 @@ def check_grid(k_values, epsilon_values, draws: int) -> tuple[list[int], list[fl
         raise SpecError("k", "the grid needs k values of at least 2")
     if not epsilons or not all(math.isfinite(e) and e > 0 for e in epsilons):
         raise SpecError("epsilon", "the grid needs positive, finite ε values")
+    if epsilons[-1] > MAX_GRID_EPSILON:  # no release could reserve it (the ledger's range), and its noise grid overflows
+        raise SpecError("epsilon", f"the grid's ε values must be at most {MAX_GRID_EPSILON:g}, the most a release can reserve")
     if not 2 <= int(draws) <= MAX_DRAWS:
         raise SpecError("draws", f"must be between 2 and {MAX_DRAWS} (a spread needs two draws)")
     return ks, epsilons
+
+
+def check_targets(target_error: float | None, max_linking_risk: float | None) -> None:
+    """Refuse targets that are not fractions: an error target in (0, 1] (a predicted error above 100 % meets
+    no purpose, and an absurd one overflows the figures' log scale); a linking-risk target in [0, 1]."""
+    if target_error is not None and not (math.isfinite(target_error) and 0 < target_error <= 1):
+        raise SpecError("target_error", "must be a fraction above 0 and at most 1 (0.05 is 5 %)")
+    if max_linking_risk is not None and not (math.isfinite(max_linking_risk) and 0 <= max_linking_risk <= 1):
+        raise SpecError("max_linking_risk", "must be a fraction between 0 and 1 (0.1 is 10 %)")
 
 
 def advise(
@@ -336,6 +350,7 @@ def advise_and_record(
     from .ingest import read_source
 
     ks, epsilons = check_grid(k_values, epsilon_values, draws)
+    check_targets(target_error, max_linking_risk)
     stamp = datetime.now(timezone.utc).strftime("%Y%m%dT%H%M%S%fZ")
     report_dir = private_report_dir(f"advice-{spec.population_id}-{stamp}", spec.output_dir)
     db = open_store(store)

@@ -202,12 +202,29 @@ def arrow_frame(table: pa.Table) -> pd.DataFrame:
     ``types_mapper`` takes precedence over pandas' own metadata, so a dictionary column stays a
     dictionary (not a Categorical) and a nullable integer stays an integer (not a float).
     """
+    refuse_invalid_columns(table)
     try:
         frame = table.to_pandas(types_mapper=pd.ArrowDtype)
     except Exception as exc:  # see _parse_parquet
         raise InputError(None, f"not a readable Parquet file ({type(exc).__name__})") from None
     _refuse_duplicates([str(c) for c in frame.columns])
     return frame.reset_index(drop=True)
+
+
+def refuse_invalid_columns(table: pa.Table) -> None:
+    """Refuse, naming the column, a Parquet column whose data Arrow did not check on reading.
+
+    Arrow reads a string column's bytes as they are; text that is not valid UTF-8 would only fail
+    later, deep inside a stage, with a message that names no column. A full validation here checks
+    every value's bytes (and offsets) once, before anything else uses them. The message names the
+    column and the problem, never a value.
+    """
+    for name, column in zip(table.column_names, table.columns):
+        try:
+            column.validate(full=True)
+        except pa.ArrowInvalid as exc:
+            problem = "holds text that is not valid UTF-8" if "utf" in str(exc).lower() else "holds malformed data"
+            raise InputError(str(name), f"{problem} (Parquet column data does not validate)") from None
 
 
 def dataset_files(folder: Path) -> list[Path]:
