@@ -25,7 +25,7 @@ import hashlib
 import os
 import socket
 from collections.abc import Iterator
-from datetime import datetime, timezone
+from datetime import UTC, datetime
 from pathlib import Path
 
 from kepsilon.tasks.errors import KepsilonError
@@ -67,7 +67,7 @@ def _open_claim_file(path: Path) -> int:
 
 def _note_owner(descriptor: int) -> None:
     """Write who holds the claim (pid, host, time) into its file, for an operator who looks."""
-    note = f"pid {os.getpid()} on {socket.gethostname()} since {datetime.now(timezone.utc).isoformat()}\n"
+    note = f"pid {os.getpid()} on {socket.gethostname()} since {datetime.now(UTC).isoformat()}\n"
     with contextlib.suppress(OSError):  # the note is a courtesy; the lock already decides
         os.ftruncate(descriptor, 0)
         os.pwrite(descriptor, note.encode("utf-8"), 0)

@@ -23,7 +23,7 @@ import sys
 from collections.abc import Iterator
 from enum import Enum
 from pathlib import Path
-from typing import Annotated, Optional
+from typing import Annotated
 
 import typer
 from rich.console import Console
@@ -71,7 +71,7 @@ FormatOption = Annotated[Format, typer.Option("--format", "-f", help="table (ric
 def _main(
     ctx: typer.Context,
     db: Annotated[
-        Optional[Path], typer.Option("--db", help="audit store; default env KEPSILON_AUDIT_DB, else ./.kepsilon/audit.db")
+        Path | None, typer.Option("--db", help="audit store; default env KEPSILON_AUDIT_DB, else ./.kepsilon/audit.db")
     ] = None,
 ) -> None:
     ctx.obj = {"db": db}
@@ -261,7 +261,7 @@ def provenance(ctx: typer.Context, release: str, format: FormatOption = Format.t
 def impact(
     ctx: typer.Context,
     source: Annotated[
-        Optional[Path], typer.Option(help="a source file or Parquet folder: its fingerprint under this installation's key")
+        Path | None, typer.Option(help="a source file or Parquet folder: its fingerprint under this installation's key")
     ] = None,
     source_sha: Annotated[str, typer.Option(help="a source fingerprint as `provenance` shows it")] = "",
     version: Annotated[str, typer.Option(help="a version ('2.4.6') or package=version ('numpy=2.4.6')")] = "",
@@ -344,7 +344,7 @@ def advice(
 @audit_app.command()
 def verify(
     ctx: typer.Context,
-    checkpoint: Annotated[Optional[Path], typer.Option(help="checkpoint file exported earlier")] = None,
+    checkpoint: Annotated[Path | None, typer.Option(help="checkpoint file exported earlier")] = None,
     format: FormatOption = Format.table,
 ) -> None:
     """Q10: SQLite's integrity check, the hash chain, the checkpoints and the head log. Exit 2 if anything fails.
@@ -381,7 +381,7 @@ def set_cap(
     by: Annotated[str, typer.Option(help="who sets the cap")],
     reason: Annotated[str, typer.Option(help="why")],
     delta: Annotated[
-        Optional[float], typer.Option(help="lifetime δ cap over the DP mode's releases; default: keep the one in force")
+        float | None, typer.Option(help="lifetime δ cap over the DP mode's releases; default: keep the one in force")
     ] = None,
 ) -> None:
     """Set POPULATION's lifetime ε cap to CAP, and with --delta its δ cap (a new attributed ledger entry; never an edit).
@@ -416,7 +416,7 @@ def unseal(
     by: Annotated[str, typer.Option(help="who unseals")],
     reason: Annotated[str, typer.Option(help="why")],
     out: Annotated[str, typer.Option(help="file for the seed as hex (created 0600); '-' prints it")],
-    idempotency_key: Annotated[Optional[str], typer.Option(help="choose among several seeds of RELEASE")] = None,
+    idempotency_key: Annotated[str | None, typer.Option(help="choose among several seeds of RELEASE")] = None,
 ) -> None:
     """Decrypt RELEASE's seed (recorded: who, why, when) and write it as hex to --out."""
     with _store(ctx) as db:
@@ -440,7 +440,7 @@ def unseal(
 def certificate(
     ctx: typer.Context,
     release: str,
-    verify: Annotated[Optional[Path], typer.Option("--verify", help="check this certificate file against the store")] = None,
+    verify: Annotated[Path | None, typer.Option("--verify", help="check this certificate file against the store")] = None,
 ) -> None:
     """The officer's certificate of RELEASE: write it (private report folder), or --verify FILE against the store."""
     from .certificate import verify_certificate, write_certificate

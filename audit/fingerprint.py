@@ -67,7 +67,7 @@ def _parse(text: str, setting: str) -> bytes:
     return key
 
 
-def source_hasher(key: bytes | None = None) -> "hmac.HMAC":
+def source_hasher(key: bytes | None = None) -> hmac.HMAC:
     """A fresh HMAC-SHA256 under the installation's key, fed with ``update`` like ``hashlib.sha256()``."""
     return hmac.new(fingerprint_key() if key is None else key, digestmod=hashlib.sha256)
 

@@ -19,7 +19,7 @@ import json
 import os
 import re
 from dataclasses import dataclass
-from datetime import datetime, timezone
+from datetime import UTC, datetime
 from pathlib import Path
 
 from .private import FILE_MODE, check_not_shared, make_private_folder, owner_only
@@ -66,7 +66,7 @@ def append_head(path: Path, entries: int, head_hash: str, store: str) -> None:
     A previous writer's torn last line (no trailing newline) gets a newline first, so the new line
     stays parseable on its own.
     """
-    at = datetime.now(timezone.utc).strftime("%Y-%m-%dT%H:%M:%S.%fZ")
+    at = datetime.now(UTC).strftime("%Y-%m-%dT%H:%M:%S.%fZ")
     line = json.dumps({"entries": entries, "head_hash": head_hash, "at": at, "store": store}, ensure_ascii=False)
     if not path.parent.exists():
         make_private_folder(path.parent)

@@ -24,7 +24,7 @@ import os
 import sqlite3
 import time
 from collections.abc import Callable, Iterator
-from datetime import datetime, timezone
+from datetime import UTC, datetime
 from json.encoder import encode_basestring
 from pathlib import Path
 
@@ -607,7 +607,7 @@ def _log_head(conn: sqlite3.Connection, entries: int, head_hash: str) -> None:
 
 def now() -> str:
     """UTC timestamp as ``YYYY-MM-DDTHH:MM:SS.ffffffZ``: sorts as text and compares with SQLite strftime."""
-    return datetime.now(timezone.utc).strftime("%Y-%m-%dT%H:%M:%S.%fZ")
+    return datetime.now(UTC).strftime("%Y-%m-%dT%H:%M:%S.%fZ")
 
 
 def canonical_json(value) -> str:
@@ -685,7 +685,7 @@ class RowEncoder:
             without, with_later = self._without_later, self._with_later
             self.content = lambda values: without(values) if values[position] is None else with_later(values)
 
-    def _compile(self, items) -> "Callable":
+    def _compile(self, items) -> Callable:
         template = '{"row":{' + ",".join(key.replace("%", "%%") + "%s" for key, _, _ in items)
         template += self._suffix.replace("%", "%%")
         values = ", ".join(f"J[type(r[{i}])](r[{i}])" for _, i, _ in items)

@@ -46,7 +46,8 @@ def _manifest(release_id: str, key: str, population: str) -> dict:
 
 def build_store(path: Path, ledger_entries: int, records: bool = False) -> int:
     """A store with ``ledger_entries`` ledger rows written by the ledger's functions; returns the count."""
-    from kepsilon.audit import ledger, records as records_module
+    from kepsilon.audit import ledger
+    from kepsilon.audit import records as records_module
     from kepsilon.audit.headlog import append_head, head_log_path
     from kepsilon.audit.store import database_file, open_store, write_transaction
 

@@ -13,8 +13,8 @@ the largest EMD. Every figure is counted on the released frame.
 import numpy as np
 import pandas as pd
 
-from kepsilon.flows.spec import load_spec, parse_spec
 from kepsilon.engine.criteria import disclosure_report
+from kepsilon.flows.spec import load_spec, parse_spec
 
 from .bench_engine import SPEC, run_engine
 

@@ -7,7 +7,7 @@ returns the wall time of the work being measured.
 
 import multiprocessing
 import resource
-from typing import Callable
+from collections.abc import Callable
 
 
 def _child(case: Callable[[], tuple[int, float]], queue) -> None:

@@ -18,7 +18,6 @@ figures are the steward's: private, never in a public file.
 
 import getpass
 
-
 from prefect import flow
 from prefect.runtime import flow_run
 

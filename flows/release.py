@@ -21,12 +21,16 @@ task here is ``NO_CACHE`` and ``persist_result=False``, and the flow's only para
 """
 
 import getpass
-from datetime import datetime, timezone
+from datetime import UTC, datetime
 
 from prefect import flow, get_run_logger
 from prefect.runtime import flow_run
 
 from kepsilon.audit.claims import release_claim
+from kepsilon.engine.criteria import disclosure_report
+from kepsilon.engine.metrics import certain_linking_risk, errors_by_class
+from kepsilon.engine.perturb import public_grid
+from kepsilon.engine.predict import draws_for, predict
 from kepsilon.faults import fault_point
 from kepsilon.flows.manifest import base_manifest, idempotency_key, public_manifest, published_groups
 from kepsilon.flows.report import (
@@ -36,19 +40,15 @@ from kepsilon.flows.report import (
     publish_report_artifacts,
 )
 from kepsilon.flows.spec import ReleaseSpec
-from kepsilon.tasks.classify import classify_attributes
 from kepsilon.tasks.certificate import certificate_figures, refuse_risk_over_limits, write_release_certificate
-from kepsilon.engine.criteria import disclosure_report
+from kepsilon.tasks.classify import classify_attributes
 from kepsilon.tasks.dp_release import draw_dp_release, plan_dp_release
 from kepsilon.tasks.errors import ReleaseFailed, ValidationFailed, describe_failure
 from kepsilon.tasks.figures import RELEASE_CAPTIONS, private_report_dir, release_figures, write_figures
 from kepsilon.tasks.ingest import ingest_source
 from kepsilon.tasks.k_anonymise import k_anonymise_records
-from kepsilon.engine.metrics import certain_linking_risk, errors_by_class
 from kepsilon.tasks.metrics import measure_release
 from kepsilon.tasks.perturb import perturb_records
-from kepsilon.engine.perturb import public_grid
-from kepsilon.tasks.progress import release_progress, stage
 from kepsilon.tasks.preflight import (
     Verdicts,
     check_output,
@@ -57,9 +57,8 @@ from kepsilon.tasks.preflight import (
     pre_epsilon_checks,
     unchanged_release,
 )
-from kepsilon.engine.predict import draws_for, predict
+from kepsilon.tasks.progress import release_progress, stage
 from kepsilon.tasks.publish import merge_and_shuffle, move_into_place, published_columns, stage_release
-from kepsilon.tasks.scratch import sweep_leftover_scratch
 from kepsilon.tasks.record import (
     check_approval,
     check_seed_key,
@@ -68,14 +67,15 @@ from kepsilon.tasks.record import (
     store_location,
     verify_store,
 )
+from kepsilon.tasks.scratch import sweep_leftover_scratch
 from kepsilon.tasks.suppress import suppress_linkable, suppress_undiverse
 from kepsilon.tasks.validate import check_dp_release, check_release, validation_failure
 
 
 def _run_day() -> str:
     scheduled = flow_run.scheduled_start_time
-    moment = scheduled if scheduled is not None else datetime.now(timezone.utc)
-    return moment.astimezone(timezone.utc).strftime("%Y-%m-%d")
+    moment = scheduled if scheduled is not None else datetime.now(UTC)
+    return moment.astimezone(UTC).strftime("%Y-%m-%d")
 
 
 @flow(name="governed-release", persist_result=False, log_prints=False, validate_parameters=True)
@@ -107,7 +107,7 @@ def _release_in_memory(spec: ReleaseSpec) -> dict:
     logger = get_run_logger()
     operator = spec.operator or getpass.getuser()
     store = store_location()
-    started_at = datetime.now(timezone.utc).isoformat()
+    started_at = datetime.now(UTC).isoformat()
 
     figures_dir = private_report_dir(spec.release_id, spec.output_dir)  # refused before any work if misplaced
     source = _in_stage("ingest", ingest_source, spec.source)
@@ -325,7 +325,7 @@ def _stage_publication(record: dict, release, public: dict, output_dir):
     record.update(publication.report())
     record["output_dir"] = str(publication.directory)
     record["public_manifest"] = {**public, "outputs": dict(publication.outputs)}
-    record["execution"]["finished_at"] = datetime.now(timezone.utc).isoformat()
+    record["execution"]["finished_at"] = datetime.now(UTC).isoformat()
     return publication
 
 

@@ -31,7 +31,7 @@ import getpass
 import logging
 import shutil
 from contextlib import nullcontext
-from datetime import datetime, timezone
+from datetime import UTC, datetime
 from pathlib import Path
 
 import numpy as np
@@ -79,7 +79,6 @@ from kepsilon.tasks.partitioned import (
     publish_task,
     remove_partials,
 )
-from kepsilon.tasks.scratch import Scratch, ScratchLease, private_root
 from kepsilon.tasks.preflight import Verdicts, check_output, find_published, pre_epsilon_checks, unchanged_release
 from kepsilon.tasks.progress import release_progress, stage
 from kepsilon.tasks.publish import (
@@ -103,6 +102,7 @@ from kepsilon.tasks.record import (
     store_location,
     verify_store,
 )
+from kepsilon.tasks.scratch import Scratch, ScratchLease, private_root
 from kepsilon.tasks.validate import validate_aggregated, validation_failure, weight_column_name
 
 # Room the scratch folder needs, as a multiple of the table's size in memory: the classified records,
@@ -266,7 +266,7 @@ def governed_release_dask(spec: ReleaseSpec) -> dict:
         _hide_worker_tracebacks()
     operator = spec.operator or getpass.getuser()
     store = store_location()
-    started_at = datetime.now(timezone.utc).isoformat()
+    started_at = datetime.now(UTC).isoformat()
 
     figures_dir = private_report_dir(spec.release_id, spec.output_dir)
     plan = plan_source_task.submit(spec.source, spec.execution.partitions).result()
@@ -500,7 +500,7 @@ def _spend_check_stage(spec, key, plan, table, anonymised, coder, reservation, s
     record.update(publication.report())
     record["output_dir"] = str(publication.directory)
     record["public_manifest"] = {**public, "outputs": dict(outputs)}
-    record["execution"]["finished_at"] = datetime.now(timezone.utc).isoformat()
+    record["execution"]["finished_at"] = datetime.now(UTC).isoformat()
     return record, publication, outcome.figure_inputs
 
 

@@ -17,9 +17,9 @@ from pydantic import BaseModel, Field, ValidationError, field_validator, model_v
 from pydantic.json_schema import SkipJsonSchema
 
 from kepsilon.engine.dp import minimum_epsilon, safe_k_delta, sampling_rate_for, smallest_k
-from kepsilon.tasks.errors import SpecError
 from kepsilon.engine.hierarchy_builders import HierarchyBuilder
 from kepsilon.flows.run_form import FormModel
+from kepsilon.tasks.errors import SpecError
 
 # Strict, with the run form's schema hook (kepsilon.flows.run_form); every model derives from FormModel.
 _STRICT = FormModel.model_config

@@ -21,9 +21,10 @@ import logging
 import os
 import sys
 import traceback
-from datetime import datetime, timezone
+from collections.abc import Iterator
+from datetime import UTC, datetime
 from pathlib import Path
-from typing import Iterator, Optional
+from typing import Optional
 
 import typer
 from rich.console import Console
@@ -163,7 +164,7 @@ def _prefect_api() -> Iterator[Optional["LocalServer"]]:  # noqa: F821
     else:
         _note(f"no Prefect server configured (PREFECT_API_URL) or answering at {_serve_api_url()} (make serve); "
               "this run uses a local Prefect server of its own, stopped when the run ends")
-    stamp = datetime.now(timezone.utc).strftime("%Y%m%dT%H%M%S")
+    stamp = datetime.now(UTC).strftime("%Y%m%dT%H%M%S")
     log_path = Path(settings.home).expanduser() / f"kepsilon-release-server-{stamp}-{os.getpid()}.log"
     server = LocalServer(log_path, startup_timeout=max(60, settings.server.ephemeral.startup_timeout_seconds))
     try:
@@ -374,12 +375,12 @@ def _told_by_the_store(release_id: str, started: str, store: Path, why: str = "t
 @app.command()
 def release(
     spec_path: Path = typer.Argument(..., metavar="SPEC.yaml", help="release spec (YAML)"),
-    k: Optional[int] = typer.Option(None, "--k", help="override the spec's k"),
-    epsilon: Optional[float] = typer.Option(None, "--epsilon", help="override the spec's ε"),
-    release_id: Optional[str] = typer.Option(None, "--release-id", help="override the spec's release id"),
-    algorithm: Optional[str] = typer.Option(None, "--algorithm", help="mondrian or ola"),
-    operator: Optional[str] = typer.Option(None, "--operator", help="who runs the release (default: OS user)"),
-    db: Optional[Path] = typer.Option(None, "--db", envvar="KEPSILON_AUDIT_DB", help="audit store (default ./.kepsilon/audit.db)"),
+    k: int | None = typer.Option(None, "--k", help="override the spec's k"),
+    epsilon: float | None = typer.Option(None, "--epsilon", help="override the spec's ε"),
+    release_id: str | None = typer.Option(None, "--release-id", help="override the spec's release id"),
+    algorithm: str | None = typer.Option(None, "--algorithm", help="mondrian or ola"),
+    operator: str | None = typer.Option(None, "--operator", help="who runs the release (default: OS user)"),
+    db: Path | None = typer.Option(None, "--db", envvar="KEPSILON_AUDIT_DB", help="audit store (default ./.kepsilon/audit.db)"),
     debug: bool = typer.Option(False, "--debug", help="also print the traceback of a refusal"),
 ) -> None:
     """Run the governed-release flow on SPEC.yaml and print the release summary.
@@ -462,12 +463,12 @@ def release(
 @app.command()
 def check(
     spec_path: Path = typer.Argument(..., metavar="SPEC.yaml", help="release spec (YAML)"),
-    k: Optional[int] = typer.Option(None, "--k", help="override the spec's k"),
-    epsilon: Optional[float] = typer.Option(None, "--epsilon", help="override the spec's ε"),
-    release_id: Optional[str] = typer.Option(None, "--release-id", help="override the spec's release id"),
-    algorithm: Optional[str] = typer.Option(None, "--algorithm", help="mondrian or ola"),
-    operator: Optional[str] = typer.Option(None, "--operator", help="who would run the release (default: OS user)"),
-    db: Optional[Path] = typer.Option(None, "--db", envvar="KEPSILON_AUDIT_DB", help="audit store (default ./.kepsilon/audit.db)"),
+    k: int | None = typer.Option(None, "--k", help="override the spec's k"),
+    epsilon: float | None = typer.Option(None, "--epsilon", help="override the spec's ε"),
+    release_id: str | None = typer.Option(None, "--release-id", help="override the spec's release id"),
+    algorithm: str | None = typer.Option(None, "--algorithm", help="mondrian or ola"),
+    operator: str | None = typer.Option(None, "--operator", help="who would run the release (default: OS user)"),
+    db: Path | None = typer.Option(None, "--db", envvar="KEPSILON_AUDIT_DB", help="audit store (default ./.kepsilon/audit.db)"),
     debug: bool = typer.Option(False, "--debug", help="also print the traceback of a refusal"),
 ) -> None:
     """Everything `kepsilon release SPEC.yaml` would decide without noise, then one line: "would publish" or
@@ -500,7 +501,7 @@ def check(
         if debug:
             traceback.print_exception(failure, file=sys.stderr)
         errors.print(f"[bold red]check refused:[/] {escape(str(failure))}", soft_wrap=True)
-        raise typer.Exit(code=2)
+        raise typer.Exit(code=2) from None
     except Exception as failure:
         _crashed(failure, quiet, debug)
     from kepsilon.flows.check import verdict_lines
@@ -518,7 +519,7 @@ def check(
         raise typer.Exit(code=2)
 
 
-def _numbers(option: str, text: Optional[str], kind):
+def _numbers(option: str, text: str | None, kind):
     """A comma-separated grid option (``--k 2,5,10``) as numbers; None when not given."""
     if text is None:
         return None
@@ -531,17 +532,17 @@ def _numbers(option: str, text: Optional[str], kind):
 @app.command()
 def advise(
     spec_path: Path = typer.Argument(..., metavar="SPEC.yaml", help="release spec (YAML)"),
-    k: Optional[str] = typer.Option(None, "--k", help="k values, comma-separated (default 2,5,10,20,50,100)"),
-    epsilon: Optional[str] = typer.Option(
+    k: str | None = typer.Option(None, "--k", help="k values, comma-separated (default 2,5,10,20,50,100)"),
+    epsilon: str | None = typer.Option(
         None, "--epsilon", help="ε values, comma-separated (default 0.05,0.5,1,2,4,8,16)"
     ),
     draws: int = typer.Option(10, "--draws", help="Monte-Carlo noise draws per cell"),
-    target_error: Optional[float] = typer.Option(None, "--target-error", help="smallest ε with predicted error ≤ this"),
-    max_linking_risk: Optional[float] = typer.Option(
+    target_error: float | None = typer.Option(None, "--target-error", help="smallest ε with predicted error ≤ this"),
+    max_linking_risk: float | None = typer.Option(
         None, "--max-linking-risk", help="smallest k with linking risk ≤ this"
     ),
-    operator: Optional[str] = typer.Option(None, "--operator", help="who asks (default: OS user)"),
-    db: Optional[Path] = typer.Option(None, "--db", envvar="KEPSILON_AUDIT_DB", help="audit store (default ./.kepsilon/audit.db)"),
+    operator: str | None = typer.Option(None, "--operator", help="who asks (default: OS user)"),
+    db: Path | None = typer.Option(None, "--db", envvar="KEPSILON_AUDIT_DB", help="audit store (default ./.kepsilon/audit.db)"),
 ) -> None:
     """Print what each k and ε of a grid would do to SPEC.yaml's data, before any ε is spent.
 
@@ -580,7 +581,7 @@ def advise(
         )
     except KepsilonError as failure:
         errors.print(f"[bold red]advice refused:[/] {escape(str(failure))}", soft_wrap=True)
-        raise typer.Exit(code=2)
+        raise typer.Exit(code=2) from None
     rows = advice_rows(run.advice)
     table = Table(title=f"advice for {run.advice.population_id} ({run.advice.rows} records, {run.advice.algorithm})")
     for column in max(rows, key=len):
@@ -602,7 +603,7 @@ def advise(
 @app.command()
 def init(
     data_path: Path = typer.Argument(..., metavar="DATA.csv", help="your table: a CSV with a header, or Parquet"),
-    output: Optional[Path] = typer.Option(
+    output: Path | None = typer.Option(
         None, "-o", "--output", metavar="SPEC.yaml", help="spec to write (default: DATA's name .yaml, here)"
     ),
 ) -> None:
@@ -619,7 +620,7 @@ def init(
         starter = write_starter_spec(data_path, output)
     except KepsilonError as failure:
         errors.print(f"[bold red]init refused:[/] {escape(str(failure))}", soft_wrap=True)
-        raise typer.Exit(code=2)
+        raise typer.Exit(code=2) from None
     for line in summary_lines(starter):
         console.print(escape(line), soft_wrap=True)
 

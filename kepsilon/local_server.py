@@ -23,8 +23,8 @@ import subprocess
 import sys
 import time
 import urllib.request
+from collections.abc import Iterator
 from pathlib import Path
-from typing import Iterator
 
 BIN = Path(sys.executable).parent
 _PR_SET_PDEATHSIG = 1

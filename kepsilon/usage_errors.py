@@ -16,9 +16,9 @@ from pathlib import Path
 from typing import Any
 
 from typer import echo
-from typer.exceptions import Abort
 from typer._click import exceptions as click  # the Click that Typer ships and raises from (not ``click``)
 from typer.core import TyperGroup
+from typer.exceptions import Abort
 
 USAGE_EXIT_CODE = 2
 _TYPE_NEEDS = {int: "a whole number", float: "a number", bool: "true or false", str: "some text"}

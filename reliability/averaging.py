@@ -17,10 +17,10 @@ from pathlib import Path
 import numpy as np
 import pandas as pd
 
-from kepsilon.flows.spec import load_spec
 from kepsilon.engine.anonymise import k_anonymise
 from kepsilon.engine.metrics import linking_risk
 from kepsilon.engine.perturb import perturb
+from kepsilon.flows.spec import load_spec
 
 SPEC = Path(__file__).resolve().parent.parent / "releases" / "paper-synthetic.yaml"
 

@@ -19,7 +19,6 @@ from pathlib import Path
 import yaml
 
 from kepsilon.flows.spec import load_spec
-
 from kepsilon.local_server import prefect_server  # noqa: F401  (used by run.py and the tests through here)
 
 ROOT = Path(__file__).resolve().parent.parent

@@ -18,7 +18,6 @@ import os
 import stat
 from pathlib import Path
 
-
 from kepsilon.flows.spec import parse_spec
 
 from .harness import Results, kepsilon, set_cap, spec_dict, write_spec

@@ -56,11 +56,11 @@ def build_store(path: Path, checkpoint: Path) -> None:
     R5 (ε 0.5) refused over the cap.
     A checkpoint is exported at the end.
     """
+    from kepsilon.audit.advice import record_advice
     from kepsilon.audit.approvals import approve
     from kepsilon.audit.chain import write_checkpoint
     from kepsilon.audit.ledger import BudgetExceeded, mark_noise_drawn, reserve, set_cap
     from kepsilon.audit.records import record_release
-    from kepsilon.audit.advice import record_advice
     from kepsilon.audit.seeds import seal_seed, unseal_seed
     from kepsilon.audit.store import open_store
 

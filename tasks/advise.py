@@ -28,18 +28,19 @@ No Prefect import here: the flow (``flows/advise.py``) and the CLI wrap it.
 import math
 import secrets
 from dataclasses import asdict, dataclass, field
-from datetime import datetime, timezone
+from datetime import UTC, datetime
 from pathlib import Path
 
 import numpy as np
 import pandas as pd
 
-from .classify import classify
-from .errors import KepsilonError, SpecError
 from kepsilon.engine.anonymise import k_anonymise
 from kepsilon.engine.metrics import expected_relative_errors, linked_records, measured_relative_error
 from kepsilon.engine.perturb import dense_class_ids, noise_scales, perturb
 from kepsilon.engine.suppress import suppress_records
+
+from .classify import classify
+from .errors import KepsilonError, SpecError
 
 DEFAULT_K = (2, 5, 10, 20, 50, 100)
 DEFAULT_EPSILON = (0.05, 0.5, 1.0, 2.0, 4.0, 8.0, 16.0)
@@ -351,7 +352,7 @@ def advise_and_record(
 
     ks, epsilons = check_grid(k_values, epsilon_values, draws)
     check_targets(target_error, max_linking_risk)
-    stamp = datetime.now(timezone.utc).strftime("%Y%m%dT%H%M%S%fZ")
+    stamp = datetime.now(UTC).strftime("%Y%m%dT%H%M%S%fZ")
     report_dir = private_report_dir(f"advice-{spec.population_id}-{stamp}", spec.output_dir)
     db = open_store(store)
     try:

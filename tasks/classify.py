@@ -29,9 +29,9 @@ from dataclasses import dataclass, field
 
 import numpy as np
 import pandas as pd
-from pyarrow import types as pa_types
 from prefect import task
 from prefect.cache_policies import NO_CACHE
+from pyarrow import types as pa_types
 
 from kepsilon.flows.spec import ReleaseSpec, Roles, SourceFormat
 

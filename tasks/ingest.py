@@ -28,9 +28,9 @@ from pathlib import Path
 import pandas as pd
 import pyarrow as pa
 import pyarrow.parquet as pq
-from pyarrow import csv as arrow_csv
 from prefect import task
 from prefect.cache_policies import NO_CACHE
+from pyarrow import csv as arrow_csv
 
 from kepsilon.audit.fingerprint import source_fingerprint, source_hasher
 from kepsilon.flows.spec import SourceFormat, SourceSpec

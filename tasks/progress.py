@@ -18,7 +18,8 @@ update the artifact (the API unreachable) is logged and does not stop the releas
 import contextlib
 import logging
 import time
-from typing import Iterator, Protocol
+from collections.abc import Iterator
+from typing import Protocol
 
 
 class ProgressListener(Protocol):

@@ -11,12 +11,12 @@ import os
 from prefect import task
 from prefect.cache_policies import NO_CACHE
 
-from kepsilon.audit.integrity import check_store
 from kepsilon.audit.approvals import ApprovalMissing, require_approval
+from kepsilon.audit.integrity import check_store
 from kepsilon.audit.ledger import BudgetExceeded, Reservation, mark_noise_drawn, reserve
+from kepsilon.audit.private import check_not_shared, write_private_file
 from kepsilon.audit.records import record_release
 from kepsilon.audit.seeds import find_sealed_seed, seal_seed, seed_commitment, unseal_seed
-from kepsilon.audit.private import check_not_shared, write_private_file
 from kepsilon.audit.store import ENV_PATH, open_store, store_path
 from kepsilon.flows.spec import ReleaseSpec
 

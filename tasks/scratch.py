@@ -35,7 +35,7 @@ import stat
 import tempfile
 import uuid
 from dataclasses import dataclass
-from datetime import datetime, timezone
+from datetime import UTC, datetime
 from pathlib import Path
 
 from .errors import SpecError
@@ -63,7 +63,7 @@ class ScratchKey:
         self._secret = bytes(secret)
 
     @classmethod
-    def generate(cls) -> "ScratchKey":
+    def generate(cls) -> ScratchKey:
         return cls(os.urandom(32))
 
     def aead(self):
@@ -185,7 +185,7 @@ class Scratch:
         return f"Scratch({str(self.root)!r}, key=<withheld>)"
 
     @classmethod
-    def new(cls, root: str | Path) -> "Scratch":
+    def new(cls, root: str | Path) -> Scratch:
         """A fresh, empty run folder at ``root`` (its parent must exist) with a fresh key."""
         root = Path(root)
         if root.exists() or root.is_symlink():
@@ -310,7 +310,7 @@ class ScratchLease:
         fcntl.flock(self._lock, fcntl.LOCK_EX)
         os.fchmod(self._lock, 0o600)
         note = {"kepsilon": "scratch", "release_id": release_id, "pid": os.getpid(), "host": socket.gethostname(),
-                "started_at": datetime.now(timezone.utc).isoformat(timespec="seconds")}
+                "started_at": datetime.now(UTC).isoformat(timespec="seconds")}
         os.write(self._lock, json.dumps(note).encode("utf-8"))
         self.scratch = Scratch(folder, ScratchKey.generate())
 

@@ -71,8 +71,13 @@ from great_expectations.expectations.metrics.table_metric_provider import (  # n
     TableMetricProvider,
 )
 
-from kepsilon.engine.criteria import build_criteria, declared, gate_parameters, groups_meet  # noqa: E402
-from kepsilon.engine.criteria import load_sensitive_hierarchies  # noqa: E402
+from kepsilon.engine.criteria import (  # noqa: E402
+    build_criteria,
+    declared,
+    gate_parameters,
+    groups_meet,
+    load_sensitive_hierarchies,  # noqa: E402
+)
 from kepsilon.tasks.errors import SpecError, ValidationFailed  # noqa: E402
 
 logger = logging.getLogger(__name__)
@@ -320,7 +325,7 @@ def _figure(value: float) -> str:
     return f"{100 * value:.2f} %" if 0 < abs(value) <= 1 and value != int(value) else f"{value:g}"
 
 
-def validation_failure(report: "ValidationReport") -> ValidationFailed:
+def validation_failure(report: ValidationReport) -> ValidationFailed:
     """The error of a gate that failed after the noise: each failed check with its measured figure and limit
     where it has them, and the next step. Its message goes to the steward's terminal and the private record,
     never to the public manifest (nothing is published)."""

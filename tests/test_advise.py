@@ -16,14 +16,14 @@ from kepsilon.audit.integrity import check_store
 from kepsilon.audit.ledger import set_cap
 from kepsilon.audit.store import open_store
 from kepsilon.cli import app
-from kepsilon.flows.spec import load_spec, parse_spec
-from kepsilon.tasks.advise import advise, smallest_epsilon_for_error
-from kepsilon.tasks.classify import classify
-from kepsilon.tasks.ingest import read_source
 from kepsilon.engine.anonymise import k_anonymise
 from kepsilon.engine.metrics import linking_risk, release_metrics
 from kepsilon.engine.perturb import perturb
 from kepsilon.engine.suppress import suppress_records
+from kepsilon.flows.spec import load_spec, parse_spec
+from kepsilon.tasks.advise import advise, smallest_epsilon_for_error
+from kepsilon.tasks.classify import classify
+from kepsilon.tasks.ingest import read_source
 
 from .conftest import ROOT, release_spec_dict
 

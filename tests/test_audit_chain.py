@@ -5,12 +5,12 @@ import os
 
 import pytest
 
+from kepsilon.audit.advice import record_advice
 from kepsilon.audit.approvals import ApprovalMissing, approve, require_approval
 from kepsilon.audit.chain import ChainBroken, verify_chain, write_checkpoint
 from kepsilon.audit.ledger import mark_noise_drawn, reserve, set_cap
 from kepsilon.audit.records import record_release
 from kepsilon.audit.seeds import seal_seed, unseal_seed
-from kepsilon.audit.advice import record_advice
 from kepsilon.audit.store import PROTECTED_TABLES, open_store
 from kepsilon.tasks.errors import SpecError
 

@@ -341,7 +341,7 @@ def test_a_log_whose_head_differs_at_its_length_is_a_rewrite(built):
     log = Path(str(built) + ".heads")
     entries = read_heads(log)[0][-1].entries
     with open(log, "a") as handle:
-        handle.write('{"entries": %d, "head_hash": "%s", "at": "t"}\n' % (entries, "ab" * 32))
+        handle.write(f'{{"entries": {entries}, "head_hash": "{"ab" * 32}", "at": "t"}}\n')
     assert "rewritten" in _refused(built)
 
 
@@ -428,7 +428,7 @@ def test_a_full_disk_is_store_unavailable_and_writes_nothing(built):
     entries = db.execute("SELECT COUNT(*) FROM chain").fetchone()[0]
     db.execute(f"PRAGMA max_page_count = {db.execute('PRAGMA page_count').fetchone()[0]}")
     with pytest.raises(StoreUnavailable, match="cannot grow") as refused:
-        for number in range(1000):
+        for _ in range(1000):
             set_cap(db, "pop", 3.0, "alice", "raised " + "x" * 2000)
             entries += 1
     assert "\n" not in str(refused.value) and "x" * 20 not in str(refused.value)

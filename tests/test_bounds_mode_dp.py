@@ -194,7 +194,7 @@ def test_bounds_mode_checks_before_epsilon_report_but_do_not_refuse(tmp_path, mo
         release_spec = spec(basis, 16.0)
         release_spec.max_linking_risk, release_spec.suppression_budget = MAX_LINKING_RISK, 1.0
         verdicts = Verdicts()
-        run_checks = lambda: pre_epsilon_checks(  # noqa: E731
+        run_checks = lambda verdicts=verdicts, release_spec=release_spec: pre_epsilon_checks(  # noqa: E731
             verdicts, release_spec, store=store, key="k" * 64, rows_in=3, rows_kept=3, certain_share=0.0,
             predict=lambda: predict(D1, ONE_CLASS, release_spec, 10, np.random.default_rng(0)),
         )

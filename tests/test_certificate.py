@@ -6,7 +6,6 @@ import os
 import stat
 import subprocess
 
-import numpy as np
 import pandas as pd
 import pytest
 

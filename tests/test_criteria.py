@@ -13,7 +13,7 @@ import pandas as pd
 import pytest
 from scipy.optimize import linprog
 
-from kepsilon.flows.spec import load_spec, parse_spec
+from kepsilon.engine.anonymise import k_anonymise
 from kepsilon.engine.criteria import (
     build_criteria,
     emd_equal,
@@ -24,10 +24,10 @@ from kepsilon.engine.criteria import (
     monotone_under_suppression,
     recursive_cl,
 )
-from kepsilon.tasks.errors import SpecError
 from kepsilon.engine.hierarchy import load_hierarchy
-from kepsilon.engine.anonymise import k_anonymise
 from kepsilon.engine.ola import ola
+from kepsilon.flows.spec import load_spec, parse_spec
+from kepsilon.tasks.errors import SpecError
 from kepsilon.tasks.validate import validate_release
 
 from .conftest import ADULT, ROOT

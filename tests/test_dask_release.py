@@ -394,13 +394,11 @@ def _in_memory_check_names(spec: ReleaseSpec) -> list[str]:
 def test_a_failed_gate_on_dask_publishes_nothing_and_records_the_failure(
     clusters, sources, tmp_path, monkeypatch
 ):
+    import kepsilon.flows.release_dask as dask_flow
     from kepsilon.flows.release import governed_release
-    from kepsilon.tasks.errors import ValidationFailed
+    from kepsilon.tasks.errors import SpecError, ValidationFailed
 
     from .conftest import capped_store
-
-    import kepsilon.flows.release_dask as dask_flow
-    from kepsilon.tasks.errors import SpecError
 
     store = capped_store(tmp_path, monkeypatch, "test-population")
     private_temporary_folder(tmp_path, monkeypatch)

@@ -108,9 +108,8 @@ def test_a_dp_release_publishes_no_group_below_k_states_its_guarantee_and_record
 
 
 def test_a_searched_node_is_published_and_a_rerun_re_derives_the_same_bytes(store, tmp_path, monkeypatch):
-    from kepsilon.tasks.errors import ReleaseFailed
-
     import kepsilon.tasks.publish as publish_module
+    from kepsilon.tasks.errors import ReleaseFailed
 
     search = dp_spec(tmp_path, dp={"max_delta": 0.002, "search": {"epsilon": 0.2}}, k=28)
     real_stage, staged = publish_module.stage, []

@@ -5,9 +5,9 @@ import pandas as pd
 import pytest
 
 from kepsilon.engine.dp import safe_k_delta, sampling_rate_for, smallest_k
+from kepsilon.engine.dp_release import dp_generators, mechanism, plan
 from kepsilon.flows.spec import parse_spec
 from kepsilon.tasks.classify import classify
-from kepsilon.engine.dp_release import dp_generators, mechanism, plan
 from kepsilon.tasks.errors import InputError, SpecError
 
 from .conftest import ADULT

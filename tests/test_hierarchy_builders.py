@@ -11,7 +11,6 @@ import pandas as pd
 import pydantic
 import pytest
 
-from kepsilon.tasks.errors import HierarchyError
 from kepsilon.engine.hierarchy import Hierarchy, generalise, load_hierarchy
 from kepsilon.engine.hierarchy_builders import (
     DateHierarchy,
@@ -24,6 +23,7 @@ from kepsilon.engine.hierarchy_builders import (
 )
 from kepsilon.engine.mondrian import mondrian
 from kepsilon.engine.ola import _hierarchy_for, ola
+from kepsilon.tasks.errors import HierarchyError
 
 DATA = Path(__file__).resolve().parents[1] / "data"
 

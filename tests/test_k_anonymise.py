@@ -9,10 +9,10 @@ import numpy as np
 import pandas as pd
 import pytest
 
-from kepsilon.tasks.errors import HierarchyError, InputError, SpecError
 from kepsilon.engine.hierarchy import generalise, load_hierarchy
-from kepsilon.engine.partition import Partition
 from kepsilon.engine.mondrian import mondrian
+from kepsilon.engine.partition import Partition
+from kepsilon.tasks.errors import HierarchyError, InputError, SpecError
 
 from .conftest import ADULT, SYNTHETIC
 

@@ -6,7 +6,6 @@ import numpy as np
 import pandas as pd
 import pytest
 
-from kepsilon.tasks.errors import InputError, SpecError
 from kepsilon.engine.metrics import (
     class_statistics,
     linked_records,
@@ -14,6 +13,7 @@ from kepsilon.engine.metrics import (
     measured_relative_error,
     predicted_relative_error,
 )
+from kepsilon.tasks.errors import InputError, SpecError
 
 
 def naive_linked(original, noisy, class_ids):

@@ -14,10 +14,10 @@ import numpy as np
 import pandas as pd
 import pytest
 
-from kepsilon.tasks.errors import HierarchyError, InputError, SpecError
 from kepsilon.engine.hierarchy import Hierarchy, load_hierarchy
-from kepsilon.engine.partition import Partition
 from kepsilon.engine.ola import METRICS, ola
+from kepsilon.engine.partition import Partition
+from kepsilon.tasks.errors import HierarchyError, InputError, SpecError
 
 DATA = Path(__file__).resolve().parents[1] / "data"
 SYNTHETIC_COLUMNS = ["YOB", "GENDER", "RACE", "MARITAL_STATUS"]

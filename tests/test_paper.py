@@ -64,7 +64,7 @@ def test_at_k_100_dm_star_keeps_gender_raw_and_its_error_falls_though_every_fixe
     assert checks["the predicted error of a fixed node never falls as k rises (every node, within the budget)"]
     assert advice.nodes[50]["GENDER"] == 1 and advice.nodes[100]["GENDER"] == 0
     for level in (0, 1):  # with GENDER held at either level, DM*'s node's error rises from 50 to 100
-        held = [survey.dm_star_choice(k, where=lambda n: n.levels[2] == level) for k in (50, 100)]
+        held = [survey.dm_star_choice(k, where=lambda n, level=level: n.levels[2] == level) for k in (50, 100)]
         assert held[0].error[50] <= held[1].error[100]
     report = report_markdown(advice, shape_checks(advice, survey), 1.0, "test", survey, people)
     assert "## Why the error of DM*'s node falls from k = 50 to k = 100" in report

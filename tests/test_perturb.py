@@ -9,10 +9,10 @@ import pandas as pd
 import pytest
 from scipy import stats
 
-from kepsilon.tasks.errors import InputError, SpecError
 from kepsilon.engine.metrics import expected_relative_errors, measured_relative_error, predicted_relative_error
-from kepsilon.engine.perturb import grid_exponents, public_grid, new_seed, perturb
+from kepsilon.engine.perturb import grid_exponents, new_seed, perturb, public_grid
 from kepsilon.engine.randomness import SEED_BYTES, RecordStreams
+from kepsilon.tasks.errors import InputError, SpecError
 
 PEOPLE = Path(__file__).resolve().parents[1] / "data" / "paper-synthetic" / "people.csv"
 

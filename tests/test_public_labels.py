@@ -10,11 +10,11 @@ import numpy as np
 import pandas as pd
 import pytest
 
-from kepsilon.flows.manifest import published_groups
-from kepsilon.tasks.errors import SpecError
 from kepsilon.engine.hierarchy_builders import build_hierarchy
 from kepsilon.engine.mondrian import mondrian
 from kepsilon.engine.partition import published_labels
+from kepsilon.flows.manifest import published_groups
+from kepsilon.tasks.errors import SpecError
 
 AGES = {"kind": "intervals", "lower": 0, "upper": 100, "widths": [5, 10, 50]}
 

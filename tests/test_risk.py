@@ -13,7 +13,6 @@ from scipy.stats import nbinom
 from kepsilon.engine import risk
 from kepsilon.engine.errors import SpecError
 
-
 # --- prosecutor, journalist, marketer --------------------------------------------------------
 
 

@@ -5,13 +5,13 @@ import math
 import numpy as np
 import pytest
 
-from kepsilon.tasks.errors import SpecError
 from kepsilon.engine.suppress import (
     confidence_radius,
     confidence_suppress,
     confidence_suppress_columns,
     matches_within_radius,
 )
+from kepsilon.tasks.errors import SpecError
 
 # c with −ln(1 − c) = 1.5, so a scale of 1 gives an interval of half-width 1.5.
 C_RADIUS_1_5 = 1 - math.exp(-1.5)

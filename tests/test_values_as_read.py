@@ -16,13 +16,13 @@ import pyarrow as pa
 import pyarrow.parquet as pq
 import pytest
 
+from kepsilon.engine.anonymise import k_anonymise
+from kepsilon.engine.assemble import assemble_release
+from kepsilon.engine.partition import published_labels
 from kepsilon.flows.spec import SourceSpec, load_spec, parse_spec
 from kepsilon.tasks.classify import classify
 from kepsilon.tasks.errors import HierarchyError, InputError
 from kepsilon.tasks.ingest import read_source
-from kepsilon.engine.anonymise import k_anonymise
-from kepsilon.engine.partition import published_labels
-from kepsilon.engine.assemble import assemble_release
 from kepsilon.tasks.publish import csv_bytes, parquet_bytes, published_columns
 
 # The values the issue found rewritten, dropped or refused.
@@ -195,8 +195,8 @@ TYPED = {
     "dec": pa.array([decimal.Decimal("1234567890.12"), None, decimal.Decimal("0.10"), decimal.Decimal("-3.00")],
                     pa.decimal128(12, 2)),
     "dt": pa.array([datetime.date(2020, 1, 2), None, datetime.date(1999, 12, 31), datetime.date(2020, 1, 2)], pa.date32()),
-    "ts": pa.array([datetime.datetime(2020, 1, 2, 3, 4, 5, 6, tzinfo=datetime.timezone.utc), None,
-                    datetime.datetime(2020, 6, 1, tzinfo=datetime.timezone.utc), None], pa.timestamp("us", tz="Europe/Dublin")),
+    "ts": pa.array([datetime.datetime(2020, 1, 2, 3, 4, 5, 6, tzinfo=datetime.UTC), None,
+                    datetime.datetime(2020, 6, 1, tzinfo=datetime.UTC), None], pa.timestamp("us", tz="Europe/Dublin")),
     "b": pa.array([b"\x00\xff", None, b"", b"caf\xc3\xa9"], pa.binary()),
 }  # fmt: skip
 # How data.csv writes them (README, "What a release publishes").

@@ -26,11 +26,12 @@ are exact: ``0.3`` falls in ``[0.3, 0.4)``, not in ``[0.2, 0.3)``.
 import hashlib
 import json
 import math
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from datetime import datetime
 from decimal import Decimal, InvalidOperation, localcontext
 from fractions import Fraction
-from typing import Annotated, Any, Callable, Literal, Mapping
+from typing import Annotated, Any, Literal
 
 import numpy as np
 import pandas as pd

@@ -15,7 +15,8 @@ from private values and belongs in the private audit record only (method.md §9)
 """
 
 import math
-from typing import Any, Mapping
+from collections.abc import Mapping
+from typing import Any
 
 import numpy as np
 import pandas as pd

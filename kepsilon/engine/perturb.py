@@ -70,8 +70,9 @@ of zero-diameter classes, all computed from private values. Only each column's `
 
 import math
 import secrets
+from collections.abc import Sequence
 from dataclasses import dataclass, field
-from typing import Any, Literal, Sequence
+from typing import Any, Literal
 
 import numpy as np
 import pandas as pd

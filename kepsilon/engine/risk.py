@@ -25,8 +25,8 @@ combinations of attribute values single out a record in the sample.
 from __future__ import annotations
 
 import math
+from collections.abc import Sequence
 from itertools import combinations
-from typing import Sequence
 
 import numpy as np
 import pandas as pd

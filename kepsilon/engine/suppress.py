@@ -29,8 +29,9 @@ whatever the basis; it is the caller's choice to apply them.
 quadratic per class.
 """
 
+from collections.abc import Mapping
 from dataclasses import dataclass
-from typing import Any, Mapping
+from typing import Any
 
 import numpy as np
 import pandas as pd
