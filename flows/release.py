@@ -26,6 +26,7 @@ from prefect import flow, get_run_logger
 from prefect.runtime import flow_run
 
 from kepsilon.faults import fault_point
+from kepsilon.audit.witness import with_chain_witness
 from kepsilon.flows.manifest import base_manifest, idempotency_key, public_manifest, published_groups
 from kepsilon.flows.report import (
     dp_guarantee_statement,
@@ -91,7 +92,7 @@ def _release_in_memory(spec: ReleaseSpec) -> dict:
     figures_dir = private_report_dir(spec.release_id, spec.output_dir)  # refused before any work if misplaced
     source = _in_stage("ingest", ingest_source, spec.source)
     key = idempotency_key(spec, source.sha256)
-    verify_store(store)
+    verify_store(store, spec.output_dir, spec.population_id)  # the chain against its published witnesses too
     done = find_published(store, spec.release_id, key)
     if done is not None:
         logger.info("release %s was already published at %s; nothing to do", spec.release_id, done["published_at"])
@@ -273,7 +274,7 @@ def _perturb_check_stage(spec, key, table, partition, reservation, store, record
         raise ValidationFailed(validation.failed_checks)
 
     grids = {q.column: public_grid(q.lower, q.upper, epsilon) for q, epsilon in zip(spec.roles.e_quasi, spec.epsilon_split().values())}
-    public = public_manifest(record, spec, grids, guarantee_statement(spec.scale_basis))
+    public = with_chain_witness(public_manifest(record, spec, grids, guarantee_statement(spec.scale_basis)), store)
     publication = _stage_publication(record, release, public, output_dir)
     return record, publication, figure_inputs
 
@@ -312,6 +313,6 @@ def _dp_check_stage(spec, key, table, dp_plan, reservation, store, record, outpu
     if not validation.success:
         raise ValidationFailed(validation.failed_checks)
 
-    public = public_manifest(record, spec, {}, dp_guarantee_statement(spec.k, spec.epsilon, record["dp"]))
+    public = with_chain_witness(public_manifest(record, spec, {}, dp_guarantee_statement(spec.k, spec.epsilon, record["dp"])), store)
     publication = _stage_publication(record, release, public, output_dir)
     return record, publication, None

@@ -33,6 +33,7 @@ from kepsilon.engine.criteria import declared, disclosure_figures
 from kepsilon.engine.perturb import new_seed, public_grid
 from kepsilon.engine.randomness import RecordStreams
 from kepsilon.faults import fault_point
+from kepsilon.audit.witness import with_chain_witness
 from kepsilon.flows.manifest import base_manifest, groups_from_sizes, idempotency_key, public_manifest
 from kepsilon.flows.release import _fail_after_reservation, _move_into_place, _release_figures, _run_day
 from kepsilon.flows.report import guarantee_statement, publish_report_artifacts
@@ -193,7 +194,7 @@ def governed_release_dask(spec: ReleaseSpec) -> dict:
     figures_dir = private_report_dir(spec.release_id, spec.output_dir)
     plan = plan_source_task.submit(spec.source, spec.execution.partitions).result()
     key = idempotency_key(spec, plan.sha256)
-    verify_store(store)
+    verify_store(store, spec.output_dir, spec.population_id)  # the chain against its published witnesses too
     done = find_published(store, spec.release_id, key)
     if done is not None:
         logger.info("release %s was already published at %s; nothing to do", spec.release_id, done["published_at"])
@@ -359,7 +360,7 @@ def _spend_check_stage(spec, key, plan, table, anonymised, coder, reservation, s
         raise ValidationFailed(validation.failed_checks)
 
     grids = {q.column: public_grid(q.lower, q.upper, eps) for q, eps in zip(spec.roles.e_quasi, spec.epsilon_split().values())}
-    public = public_manifest(record, spec, grids, guarantee_statement(spec.scale_basis))
+    public = with_chain_witness(public_manifest(record, spec, grids, guarantee_statement(spec.scale_basis)), store)
     write_file(staging / MANIFEST, manifest_bytes({**public, "outputs": outputs}))
     _fsync_directory(staging / DATASET)
     _fsync_directory(staging)

@@ -9,6 +9,8 @@ import shutil
 from pathlib import Path
 
 import pytest
+
+from kepsilon.audit.headlog import head_log_path
 from typer.testing import CliRunner
 
 import kepsilon.audit.ledger as ledger_module
@@ -102,6 +104,9 @@ def writable(store_path, tmp_path, monkeypatch):
     db.execute("PRAGMA wal_checkpoint(TRUNCATE)")
     db.close()
     shutil.copy(store_path, tmp_path / "audit.db")
+    copy = head_log_path(tmp_path / "audit.db")  # a copy of a store goes with its head log
+    copy.parent.mkdir(mode=0o700, parents=True, exist_ok=True)
+    shutil.copy(head_log_path(store_path), copy)
     return tmp_path / "audit.db"
 
 

@@ -24,7 +24,7 @@ import kepsilon.audit.store as store_module
 from kepsilon.audit.chain import verify_chain
 from kepsilon.audit.cli import audit_app
 from kepsilon.audit.errors import StoreCompromised, StoreUnavailable
-from kepsilon.audit.headlog import ENV_HEAD_LOG, read_heads
+from kepsilon.audit.headlog import ENV_HEAD_LOG, default_head_log, head_log_path, read_heads
 from kepsilon.audit.integrity import check_store, inspect_store
 from kepsilon.audit.ledger import BudgetExceeded, budget, mark_noise_drawn, reserve, set_cap
 from kepsilon.audit.records import record_release
@@ -257,7 +257,7 @@ def test_a_trigger_replaced_by_one_that_does_not_refuse_is_refused(built):
 
 def test_every_commit_that_extends_the_chain_logs_its_head(tmp_path):
     db = open_store(tmp_path / "audit.db")
-    log = tmp_path / "audit.db.heads"
+    log = head_log_path(tmp_path / "audit.db")
     assert not log.exists()  # creating the schema extends no chain
     set_cap(db, "pop", 2.0, "alice", "initial")
     _release(db, 1)
@@ -275,7 +275,7 @@ def test_the_head_log_path_comes_from_the_environment(tmp_path, monkeypatch):
     db = open_store(tmp_path / "audit.db")
     set_cap(db, "pop", 1.0, "alice", "initial")
     db.close()
-    assert read_heads(elsewhere)[0][-1].entries == 2 and not (tmp_path / "audit.db.heads").exists()
+    assert read_heads(elsewhere)[0][-1].entries == 2 and not default_head_log(tmp_path / "audit.db").exists()
 
 
 def test_an_older_copy_put_back_is_a_rollback(built, tmp_path):
@@ -291,7 +291,8 @@ def test_an_older_copy_put_back_is_a_rollback(built, tmp_path):
     shutil.copy(backup, built)
     message = _refused(built)
     assert "rolled back" in message
-    assert check_store(backup) is None  # the copy on its own (no log beside it) is consistent
+    # The copy under another name has no head log of its own: once a store has entries, that is refused too.
+    assert "is missing or empty" in _refused(backup) and "KEPSILON_AUDIT_HEAD_LOG" in _refused(backup)
 
 
 def test_a_wal_deleted_after_a_crash_is_a_rollback(built):
@@ -318,14 +319,14 @@ os._exit(0)  # like a crash: no checkpoint at close, the three commits live only
 
 
 def test_a_chain_longer_than_the_log_is_the_crash_window_and_passes(built):
-    log = Path(str(built) + ".heads")
+    log = head_log_path(built)
     lines = log.read_bytes().splitlines(keepends=True)
     log.write_bytes(b"".join(lines[:-2]))  # the last commits' lines never made it
     check_store(built)
 
 
 def test_a_torn_last_line_is_skipped_and_the_next_head_starts_a_new_line(built):
-    log = Path(str(built) + ".heads")
+    log = head_log_path(built)
     with open(log, "ab") as handle:
         handle.write(b'{"entries": 99999, "head_ha')  # a crash mid-write
     check_store(built)
@@ -338,7 +339,7 @@ def test_a_torn_last_line_is_skipped_and_the_next_head_starts_a_new_line(built):
 
 
 def test_a_log_whose_head_differs_at_its_length_is_a_rewrite(built):
-    log = Path(str(built) + ".heads")
+    log = head_log_path(built)
     entries = read_heads(log)[0][-1].entries
     with open(log, "a") as handle:
         handle.write('{"entries": %d, "head_hash": "%s", "at": "t"}\n' % (entries, "ab" * 32))
