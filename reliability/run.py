@@ -11,6 +11,7 @@ from __future__ import annotations
 import argparse
 import shutil
 import sys
+import os
 import time
 from concurrent.futures import ThreadPoolExecutor
 from datetime import datetime, timezone
@@ -18,6 +19,7 @@ from pathlib import Path
 
 from .harness import Results, prefect_server, scratch
 from .private_store import private_store_scenario
+from .rollback import rollback_scenario
 from .scenarios import (
     FAULT_POINTS,
     bad_day_scenario,
@@ -37,6 +39,8 @@ REPORT = Path(__file__).resolve().parent / "report.md"
 def run_all(args) -> tuple[Results, list[dict], dict, dict[str, float], list[dict]]:
     results = Results()
     base = scratch("reliability")
+    # The stores' default head logs live outside their folders, in the state folder: this run's, not the account's.
+    os.environ["XDG_STATE_HOME"] = str(base / "state")
     timings: dict[str, float] = {}
     fault_source = sample_source(base / "fault-source.csv", args.fault_rows)
     small = sample_source(base / "small.csv", 400)
@@ -81,6 +85,11 @@ def run_all(args) -> tuple[Results, list[dict], dict, dict[str, float], list[dic
         start = time.monotonic()
         private_store_scenario(results, env, base / "private-store", small)
         timings["private store"] = time.monotonic() - start
+
+        # --- A store put back from a backup (issue 24.1): with or without its head log. reliability/rollback.py.
+        start = time.monotonic()
+        rollback_scenario(results, env, base / "rollback", small)
+        timings["rollback"] = time.monotonic() - start
 
     start = time.monotonic()
     tamper_scenario(results, env, base / "tamper", base / "race-0" / "audit.db")

@@ -520,6 +520,7 @@ def _copy_store(source: Path, target: Path) -> Path:
     src.backup(dst)
     src.close()
     dst.close()
+    copy_head_log(source, target)
     return target
 
 
@@ -728,9 +729,10 @@ class BadDay:
 def _checkpointed_copy(source_dir: Path, target_dir: Path, keep_wal: bool) -> None:
     """Copy an audit store (with its WAL, head log and seed key) as it is on disk, WAL merged unless ``keep_wal``."""
     target_dir.mkdir(parents=True, exist_ok=True)
-    for name in ("audit.db", "audit.db-wal", "audit.db.heads", "seed.key"):
+    for name in ("audit.db", "audit.db-wal", "seed.key"):
         if (source_dir / name).exists():
             shutil.copy2(source_dir / name, target_dir / name)
+    copy_head_log(source_dir / "audit.db", target_dir / "audit.db")
     if not keep_wal:
         conn = sqlite3.connect(target_dir / "audit.db")
         conn.execute("PRAGMA wal_checkpoint(TRUNCATE)")
@@ -788,7 +790,10 @@ def broken_stores(results: Results, env: dict, base: Path, source: Path) -> list
 
 def _store_bytes(work: Path) -> dict[str, bytes]:
     """The store's file, its head log and its WAL's content (an empty or absent WAL holds nothing)."""
-    found = {name: (work / name).read_bytes() for name in ("audit.db", "audit.db.heads", "audit.db-wal") if (work / name).exists()}
+    found = {name: (work / name).read_bytes() for name in ("audit.db", "audit.db-wal") if (work / name).exists()}
+    log = head_log_path(work / "audit.db")
+    if log.exists():
+        found["head log"] = log.read_bytes()
     if not found.get("audit.db-wal"):
         found.pop("audit.db-wal", None)
     return found

@@ -141,3 +141,15 @@ def test_private_files_are_owner_only_a_store_copy_is_no_oracle_and_a_shared_fol
     results = Results()
     private_store_scenario(results, server, base / "private-store", sample)
     assert_all_pass(results, CATEGORY, minimum=4)
+
+
+# --- A store put back from a backup (issue 24.1; reliability/rollback.py) ---------------------------------
+
+
+def test_a_store_put_back_from_a_backup_is_refused_before_epsilon_with_or_without_its_head_log(server, base, sample):
+    from reliability.rollback import CATEGORY, WAYS, rollback_scenario
+
+    results = Results()
+    table = rollback_scenario(results, server, base / "rollback", sample)
+    assert_all_pass(results, CATEGORY, minimum=8 * len(WAYS))
+    assert [row["refused_before_epsilon"] for row in table] == [True] * len(WAYS)
