@@ -181,7 +181,7 @@ def _recorded_checkpoints(store) -> list[Witness]:
     from .witness import _HASH
 
     try:
-        conn = sqlite3.connect(f"file:{Path(store).resolve()}?mode=ro", uri=True, timeout=busy_timeout_ms() / 1000)
+        conn = sqlite3.connect(f"{Path(store).resolve().as_uri()}?mode=ro", uri=True, timeout=busy_timeout_ms() / 1000)
     except sqlite3.Error:
         return []
     try:

@@ -65,7 +65,7 @@ def published_folders(store: str | Path, population: str | None) -> list[Path]:
     spec's own output folder. A store without a ``releases`` table (new, empty) names none.
     """
     try:
-        conn = sqlite3.connect(f"file:{Path(store).resolve()}?mode=ro", uri=True, timeout=busy_timeout_ms() / 1000)
+        conn = sqlite3.connect(f"{Path(store).resolve().as_uri()}?mode=ro", uri=True, timeout=busy_timeout_ms() / 1000)
     except sqlite3.Error:
         return []
     try:

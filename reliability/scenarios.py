@@ -26,6 +26,7 @@ from types import SimpleNamespace
 import numpy as np
 import pandas as pd
 
+from kepsilon.audit.headlog import head_log_path
 from kepsilon.faults import FAULT_POINTS  # re-exported for run.py and the tests
 
 from .harness import (
@@ -34,6 +35,7 @@ from .harness import (
     ROOT,
     SYNTHETIC,
     Results,
+    copy_head_log,
     kepsilon,
     ledger_kinds,
     max_per_key,

@@ -6,6 +6,7 @@ the -wal file after a crash, putting an older copy back.
 """
 
 import logging
+import json
 import os
 import random
 import shutil
@@ -527,3 +528,47 @@ def test_an_intact_store_still_answers_and_verify_shows_the_head_log(built):
     assert result.exit_code == 0 and '"remaining": 0.0' in result.stdout
     verified = runner.invoke(audit_app, ["--db", str(built), "verify", "--format", "json"])
     assert verified.exit_code == 0 and "contains the logged head" in verified.stdout
+
+
+# --- 4. Witnesses outside the store: exported checkpoints (issue 24.1) -------------------------------
+
+
+def test_a_checkpoint_exported_again_to_the_same_path_catches_an_older_store_put_back_with_its_log(built, tmp_path):
+    from kepsilon.audit.chain import write_checkpoint
+
+    exported = tmp_path / "elsewhere" / "checkpoint.json"
+    db = open_store(built)
+    write_checkpoint(db, exported)
+    db.execute("PRAGMA wal_checkpoint(TRUNCATE)")
+    db.close()
+    backup, log_backup = tmp_path / "backup.db", tmp_path / "backup.heads"
+    shutil.copy(built, backup)
+    shutil.copy(head_log_path(built), log_backup)
+    db = open_store(built)
+    set_cap(db, "pop", 3.0, "alice", "raised")
+    _release(db, 3)
+    write_checkpoint(db, exported)  # the officer's nightly export, to the same file
+    db.close()
+    for suffix in ("-wal", "-shm"):
+        Path(str(built) + suffix).unlink(missing_ok=True)
+    shutil.copy(backup, built)
+    shutil.copy(log_backup, head_log_path(built))
+    message = _refused(built)
+    assert "rolled back" in message and "the exported checkpoint" in message and "checkpoint.json" in message
+
+
+def test_published_manifests_of_another_population_or_malformed_are_not_witnesses_for_a_release(built, tmp_path):
+    from kepsilon.audit.witness import find_witnesses
+
+    out = tmp_path / "out"
+    for name, document in {
+        "theirs": {"population_id": "other", "audit_chain": {"entries": 10**6, "head_hash": "ab" * 32}},
+        "broken": "not json",
+        "no-witness": {"population_id": "pop"},
+        "bad-hash": {"population_id": "pop", "audit_chain": {"entries": 10**6, "head_hash": "zz"}},
+    }.items():
+        (out / name).mkdir(parents=True)
+        (out / name / "manifest.json").write_text(document if isinstance(document, str) else json.dumps(document))
+    assert find_witnesses([out], "pop") == []
+    check_store(built, manifests_in=[out], population="pop")  # none of them counts for 'pop'
+    assert "rolled back" in str(pytest.raises(StoreCompromised, check_store, built, manifests_in=[out]).value)
