@@ -2,8 +2,8 @@
 
 Why: the store and its head log can be put back together from one backup, and then agree with each
 other. The published folders are not part of that backup: each release's ``manifest.json`` carries
-``audit_chain = {"entries": n, "head_hash": h}``, the chain's head when the manifest was staged
-(after the release's reservation and sealed seed were committed). A store that lacks entry ``n``, or
+``audit_chain = {"entries": n, "head_hash": h}``: the chain's entry ``n`` — the one that sealed the
+release's noise seed, committed after its reservation and before any noise was drawn. A store that lacks entry ``n``, or
 holds another hash there, was rolled back (or replaced) after that release was published.
 
 What the witness reveals (docs/private-store.md): ``head_hash`` is SHA-256 over the chain, whose rows
@@ -42,20 +42,34 @@ class Witness:
     kind: str = "the published manifest"
 
 
-def chain_witness(store: str | Path) -> dict:
-    """The public manifest's ``audit_chain`` field: the committed head of the store's chain, read now."""
+def chain_witness(store: str | Path, idempotency_key: str | None = None) -> dict:
+    """The public manifest's ``audit_chain`` field: the chain entry of the release's sealed seed (found by
+    ``idempotency_key``), else the store's committed head, read now.
+
+    The sealed seed's entry, not the head at staging time: a rerun of an interrupted release reuses its
+    reservation and seed, so it witnesses the same entry and its output stays byte-identical; and that
+    entry's hash covers the seed's ciphertext, which no one outside the store can recompute.
+    """
     conn = sqlite3.connect(str(store), timeout=busy_timeout_ms() / 1000)
     try:
-        row = conn.execute("SELECT seq, entry_hash FROM chain ORDER BY seq DESC LIMIT 1").fetchone()
+        row = None
+        if idempotency_key is not None:
+            row = conn.execute(
+                "SELECT chain.seq, chain.entry_hash FROM sealed_seeds JOIN chain ON chain.table_name = 'sealed_seeds' "
+                "AND chain.row_id = sealed_seeds.id WHERE sealed_seeds.idempotency_key = ?",
+                (idempotency_key,),
+            ).fetchone()
+        if row is None:
+            row = conn.execute("SELECT seq, entry_hash FROM chain ORDER BY seq DESC LIMIT 1").fetchone()
     finally:
         conn.close()
     entries, head_hash = (row[0], row[1]) if row else (0, GENESIS_HASH)
     return {FIELD: {"entries": entries, "head_hash": head_hash}}
 
 
-def with_chain_witness(public: dict, store: str | Path) -> dict:
-    """``public`` with the store's current head added (see the module's docstring for why and what it reveals)."""
-    return {**public, **chain_witness(store)}
+def with_chain_witness(public: dict, store: str | Path, idempotency_key: str | None = None) -> dict:
+    """``public`` with the chain entry it witnesses added (see ``chain_witness`` and the module's docstring)."""
+    return {**public, **chain_witness(store, idempotency_key)}
 
 
 def published_folders(store: str | Path, population: str | None) -> list[Path]:

@@ -183,7 +183,7 @@ PUBLIC_FIELDS = {
     "software": "*",
     "checks": None,
     "unprotected_statistics": "*",
-    # The audit chain's head when the release was staged (audit/witness.py): a witness of the private
+    # The audit chain's entry of the release's sealed seed (audit/witness.py): a witness of the private
     # store outside it, so a store put back from a backup is caught. The hash covers sealed seeds and
     # microsecond timestamps, so it confirms no guess; the count says how many audit events the store had.
     "audit_chain": {"entries": None, "head_hash": None},

@@ -274,7 +274,7 @@ def _perturb_check_stage(spec, key, table, partition, reservation, store, record
         raise ValidationFailed(validation.failed_checks)
 
     grids = {q.column: public_grid(q.lower, q.upper, epsilon) for q, epsilon in zip(spec.roles.e_quasi, spec.epsilon_split().values())}
-    public = with_chain_witness(public_manifest(record, spec, grids, guarantee_statement(spec.scale_basis)), store)
+    public = with_chain_witness(public_manifest(record, spec, grids, guarantee_statement(spec.scale_basis)), store, key)
     publication = _stage_publication(record, release, public, output_dir)
     return record, publication, figure_inputs
 
@@ -313,6 +313,6 @@ def _dp_check_stage(spec, key, table, dp_plan, reservation, store, record, outpu
     if not validation.success:
         raise ValidationFailed(validation.failed_checks)
 
-    public = with_chain_witness(public_manifest(record, spec, {}, dp_guarantee_statement(spec.k, spec.epsilon, record["dp"])), store)
+    public = with_chain_witness(public_manifest(record, spec, {}, dp_guarantee_statement(spec.k, spec.epsilon, record["dp"])), store, key)
     publication = _stage_publication(record, release, public, output_dir)
     return record, publication, None

@@ -360,7 +360,7 @@ def _spend_check_stage(spec, key, plan, table, anonymised, coder, reservation, s
         raise ValidationFailed(validation.failed_checks)
 
     grids = {q.column: public_grid(q.lower, q.upper, eps) for q, eps in zip(spec.roles.e_quasi, spec.epsilon_split().values())}
-    public = with_chain_witness(public_manifest(record, spec, grids, guarantee_statement(spec.scale_basis)), store)
+    public = with_chain_witness(public_manifest(record, spec, grids, guarantee_statement(spec.scale_basis)), store, key)
     write_file(staging / MANIFEST, manifest_bytes({**public, "outputs": outputs}))
     _fsync_directory(staging / DATASET)
     _fsync_directory(staging)

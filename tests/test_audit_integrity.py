@@ -572,3 +572,17 @@ def test_published_manifests_of_another_population_or_malformed_are_not_witnesse
     assert find_witnesses([out], "pop") == []
     check_store(built, manifests_in=[out], population="pop")  # none of them counts for 'pop'
     assert "rolled back" in str(pytest.raises(StoreCompromised, check_store, built, manifests_in=[out]).value)
+
+
+def test_a_head_log_left_beside_the_store_by_an_earlier_version_is_moved_out_and_still_checked(tmp_path, monkeypatch):
+    store = tmp_path / "audit.db"
+    legacy = Path(str(store) + ".heads")
+    monkeypatch.setenv(ENV_HEAD_LOG, str(legacy))  # where an earlier version wrote it
+    db = open_store(store)
+    set_cap(db, "pop", 2.0, "alice", "initial")
+    db.close()
+    logged = legacy.read_bytes()
+    monkeypatch.delenv(ENV_HEAD_LOG)
+    check_store(store)
+    assert not legacy.exists() and default_head_log(store).read_bytes() == logged
+    assert oct(default_head_log(store).stat().st_mode & 0o777) == "0o600"

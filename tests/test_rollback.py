@@ -78,9 +78,11 @@ def test_the_public_manifest_witnesses_the_chain_head_at_publication(tmp_path, m
     conn = sqlite3.connect(tmp_path / "audit.db")
     stored = conn.execute("SELECT entry_hash FROM chain WHERE seq = ?", (witness["entries"],)).fetchone()[0]
     total = conn.execute("SELECT COUNT(*) FROM chain").fetchone()[0]
+    sealed = conn.execute("SELECT chain.seq FROM chain JOIN sealed_seeds ON chain.table_name = 'sealed_seeds' "
+                          "AND chain.row_id = sealed_seeds.id WHERE sealed_seeds.release_id = 'r1'").fetchone()[0]
+    # The entry that sealed the release's seed (after its reservation, before the published record): in the chain.
+    assert stored == witness["head_hash"] and witness["entries"] == sealed and 0 < sealed < total
     conn.close()
-    # The head after the reservation and the sealed seed, before the published record: in the chain, not its end.
-    assert stored == witness["head_hash"] and 0 < witness["entries"] < total
     assert set(witness) == {"entries", "head_hash"} and record["public_manifest"]["audit_chain"] == witness
 
 
