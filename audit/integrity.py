@@ -95,7 +95,7 @@ def check_store(
     Call it right before reserving ε (and before answering from the store). ``db_or_path`` is an open
     store or its path (a path that does not exist is a store not created yet: nothing to check, unless
     the head log says it had entries). ``head_log`` defaults to env KEPSILON_AUDIT_HEAD_LOG, else the
-    store's path + ".heads". ``manifests_in``: folders of published releases whose manifests must agree
+    store's log in the state folder (``headlog.default_head_log``). ``manifests_in``: folders of published releases whose manifests must agree
     with the chain (a release passes its spec's output folder; the store's own output folders of
     ``population`` are added). Raises ``StoreCompromised`` with a one-line message that names the problem
     and says to run ``kepsilon audit verify``; never a raw SQLite error.
