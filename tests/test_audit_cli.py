@@ -419,7 +419,10 @@ def _in_tmux(command: list[str], tmp_path, columns: int = 120) -> list[str]:
     session = f"kepsilon-audit-{os.getpid()}-{time.monotonic_ns()}"
     tmp_path.mkdir(parents=True, exist_ok=True)
     done = tmp_path / "done"
-    script = f"{shlex.join(command)}; echo $? > {shlex.quote(str(done))}; sleep 60"
+    # A running tmux server gives new sessions its own environment, not ours: pass on where head logs live.
+    state = os.environ.get("XDG_STATE_HOME")
+    prefix = f"export XDG_STATE_HOME={shlex.quote(state)}; " if state else ""
+    script = f"{prefix}{shlex.join(command)}; echo $? > {shlex.quote(str(done))}; sleep 60"
     subprocess.run(["tmux", "new-session", "-d", "-s", session, "-x", str(columns), "-y", "80",
                     "bash", "--norc", "-c", script], check=True, env={**os.environ, "TERM": "xterm-256color"})
     try:
