@@ -82,7 +82,7 @@ reliability: install
 paper: install
 	$(BIN)/python -m benchmarks.paper
 
-## clean: the demo's outputs and Prefect's state; the private folder ./.kepsilon (audit store, head log, keys)
+## clean: the demo's outputs and Prefect's state; the private folder ./.kepsilon (audit store, keys)
 ## is kept: it holds the ε ledger and the keys that reruns need. Remove it by hand to start from nothing.
 clean:
 	rm -rf out .prefect

@@ -345,20 +345,31 @@ def advice(
 def verify(
     ctx: typer.Context,
     checkpoint: Annotated[Path | None, typer.Option(help="checkpoint file exported earlier")] = None,
+    published: Annotated[
+        list[Path] | None,
+        typer.Option(help="a folder of published releases (<folder>/<release>/manifest.json) whose chain heads "
+                     "the store must hold; repeatable. Default: ./out (a spec's default output_dir) when present, "
+                     "and the folders the store recorded"),
+    ] = None,
     format: FormatOption = Format.table,
 ) -> None:
-    """Q10: SQLite's integrity check, the hash chain, the checkpoints and the head log. Exit 2 if anything fails.
+    """Q10: SQLite's integrity check, the hash chain, the checkpoints, the head log and the published
+    manifests' chain heads (a store put back from a backup). Exit 2 if anything fails.
 
     Lists every problem (one row each), then one line on stderr; a file too damaged to list anything
     gets that line alone.
     """
     path = _path(ctx)
+    folders = list(published) if published else [folder for folder in (Path("out"),) if folder.is_dir()]
+    for folder in folders:
+        if not folder.is_dir():
+            _fail(KepsilonError(f"parameter 'published': {str(folder)!r} is not a folder"))
     try:
-        inspection = inspect_store(path, checkpoint=checkpoint)
+        inspection = inspect_store(path, checkpoint=checkpoint, manifests_in=folders)
     except KepsilonError as error:  # an unreadable --checkpoint file
         _fail(error)
     base = {"ok": inspection.ok, "entries": inspection.entries, "head_hash": inspection.head_hash,
-            "head_log": inspection.head_log}
+            "head_log": inspection.head_log, "publications": inspection.publications}
     rows = [{**base, "problem": problem} for problem in inspection.problems] or [{**base, "problem": ""}]
     _emit(rows, format, "Audit store: intact" if inspection.ok else "Audit store: BROKEN")
     if not inspection.ok:

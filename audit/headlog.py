@@ -7,17 +7,24 @@ logged head. A chain *longer* than the log is fine (a crash between the commit a
 chain shorter than a logged length, or with another hash at that length, is a rollback.
 
 The path is env ``KEPSILON_AUDIT_HEAD_LOG`` (set it in the deployment to a place the store's writers
-cannot rewrite: another disk, an append-only mount), else the store's path + ``.heads`` beside it.
-The log is created 0600 (its folder 0700 when this creates it), like the store.
+cannot rewrite: another disk, an append-only mount), else a file *outside the store's folder*, in the
+account's state folder: ``$XDG_STATE_HOME/kepsilon/heads/<store>-<hash of the store's path>.heads``
+(``~/.local/state/...`` without XDG_STATE_HOME). A backup of the store's folder does not hold it, so
+putting an old store back does not put back its old log. Earlier versions kept it beside the store
+(``<store>.heads``); such a log is moved to the new place the first time the store is checked.
+The log is created 0600 (its folder 0700 when this creates it), like the store. Once the store has
+chain entries, a missing log is an error (``integrity.py``), never silence.
 Each line is one JSON object written with a single ``write`` on an ``O_APPEND`` descriptor and fsynced,
 so concurrent writers never interleave and a torn last line (a crash mid-write) is simply skipped.
 """
 
 from __future__ import annotations
 
+import hashlib
 import json
 import os
 import re
+import shutil
 from dataclasses import dataclass
 from datetime import UTC, datetime
 from pathlib import Path
@@ -41,13 +48,51 @@ class LoggedHead:
 
 
 def head_log_path(store: str | Path, head_log: str | Path | None = None) -> Path:
-    """``head_log`` if given, else env KEPSILON_AUDIT_HEAD_LOG, else ``<store>.heads``."""
+    """``head_log`` if given, else env KEPSILON_AUDIT_HEAD_LOG, else ``default_head_log(store)``."""
     if head_log is not None:
         return Path(head_log)
     configured = os.environ.get(ENV_HEAD_LOG)
     if configured:
         return Path(configured)
+    return default_head_log(store)
+
+
+def state_folder() -> Path:
+    """Where the default head logs live: ``$XDG_STATE_HOME/kepsilon/heads`` or ``~/.local/state/kepsilon/heads``."""
+    base = os.environ.get("XDG_STATE_HOME") or str(Path.home() / ".local" / "state")
+    return Path(base) / "kepsilon" / "heads"
+
+
+def default_head_log(store: str | Path) -> Path:
+    """The store's own log in the state folder, named after the store's absolute path (one log per store)."""
+    absolute = Path(os.path.abspath(store))
+    digest = hashlib.sha256(str(absolute).encode("utf-8")).hexdigest()[:24]
+    return state_folder() / f"{absolute.name}-{digest}{SUFFIX}"
+
+
+def legacy_head_log(store: str | Path) -> Path:
+    """Where earlier versions kept the log: beside the store, sharing its fate."""
     return Path(str(store) + SUFFIX)
+
+
+def adopt_legacy_head_log(store: str | Path) -> None:
+    """Move an earlier version's log from beside the store to the default place (once; only when the
+    default is in use, absent there, and an old log exists). Copied and synced before the old one goes."""
+    if os.environ.get(ENV_HEAD_LOG):
+        return
+    target, legacy = default_head_log(store), legacy_head_log(store)
+    if target.exists() or not legacy.is_file():
+        return
+    if not target.parent.exists():
+        make_private_folder(target.parent)
+    temporary = target.with_name(f".{target.name}.moving")
+    shutil.copyfile(legacy, temporary)
+    os.chmod(temporary, FILE_MODE)
+    with open(temporary, "rb") as handle:
+        os.fsync(handle.fileno())
+    os.replace(temporary, target)
+    _fsync_directory(target.parent)
+    legacy.unlink()
 
 
 def check_head_log_place(path: Path) -> None:

@@ -15,7 +15,14 @@ What is checked, in one read snapshot:
 3. The head log (``headlog.py``), read *before* the snapshot so a commit racing the check cannot look
    like a rollback: the chain must be at least as long as the longest logged head and hold every
    logged head (of the log's last 256 KiB) at its position. Longer is fine: a crash can fall between
-   a commit and its log line.
+   a commit and its log line. Once the chain has entries, a missing or empty log is a problem: the log
+   lives outside the store's folder (``headlog.default_head_log``), so its absence means it was deleted
+   or the setting changed, and staying silent would hide exactly the rollback it is there to catch.
+4. The published manifests (``witness.py``), when the caller names folders to look in: each carries the
+   chain's head at its publication, and the chain must hold it. The store's own list of its output
+   folders is read too, but only as a hint (a rolled-back store does not know its newer releases).
+5. The checkpoint files the store recorded exporting (``kepsilon audit checkpoint``), where still
+   present: exported again to the same path later, a file knows a head an older copy of the store lacks.
 
 Cost, measured by ``benchmarks/bench_audit.py``: linear in the number of chain entries; for 100,000
 ledger entries about 0.8 s on a 2-core machine (see the README). ``integrity_check`` runs in a thread
@@ -34,8 +41,9 @@ import sqlite_utils
 
 from .chain import verify_chain
 from .errors import VERIFY_HINT, StoreCompromised, error_label, sqlite_cause
-from .headlog import LoggedHead, head_log_path, read_heads
+from .headlog import ENV_HEAD_LOG, LoggedHead, adopt_legacy_head_log, head_log_path, read_heads
 from .store import GENESIS_HASH, busy_timeout_ms, database_file
+from .witness import Witness, compare_with_witnesses, find_witnesses, published_folders
 
 __all__ = ["Inspection", "StoreCompromised", "check_store", "inspect_store"]
 
@@ -52,6 +60,7 @@ class Inspection:
     head_hash: str = GENESIS_HASH
     problems: list[str] = field(default_factory=list)
     head_log: str = ""  # what the head-log comparison found, for display
+    publications: str = "not checked"  # what the comparison with published manifests found, for display
 
     @property
     def ok(self) -> bool:
@@ -75,16 +84,23 @@ def _telling(problem: str) -> int:
     return 4
 
 
-def check_store(db_or_path: sqlite_utils.Database | sqlite3.Connection | str | Path, head_log: Path | None = None) -> None:
+def check_store(
+    db_or_path: sqlite_utils.Database | sqlite3.Connection | str | Path,
+    head_log: Path | None = None,
+    manifests_in: list[Path] | None = None,
+    population: str | None = None,
+) -> None:
     """Refuse a corrupt, tampered-with or rolled-back audit store; return quietly if it is intact.
 
     Call it right before reserving ε (and before answering from the store). ``db_or_path`` is an open
     store or its path (a path that does not exist is a store not created yet: nothing to check, unless
     the head log says it had entries). ``head_log`` defaults to env KEPSILON_AUDIT_HEAD_LOG, else the
-    store's path + ".heads". Raises ``StoreCompromised`` with a one-line message that names the problem
+    store's log in the state folder (``headlog.default_head_log``). ``manifests_in``: folders of published releases whose manifests must agree
+    with the chain (a release passes its spec's output folder; the store's own output folders of
+    ``population`` are added). Raises ``StoreCompromised`` with a one-line message that names the problem
     and says to run ``kepsilon audit verify``; never a raw SQLite error.
     """
-    inspection = inspect_store(db_or_path, head_log)
+    inspection = inspect_store(db_or_path, head_log, manifests_in=manifests_in, population=population)
     if not inspection.ok:
         raise StoreCompromised(inspection.summary())
 
@@ -93,19 +109,28 @@ def inspect_store(
     db_or_path: sqlite_utils.Database | sqlite3.Connection | str | Path,
     head_log: Path | None = None,
     checkpoint: str | Path | None = None,
+    manifests_in: list[Path] | None = None,
+    population: str | None = None,
 ) -> Inspection:
-    """Every problem of the store (integrity, chain, triggers, checkpoints, head log), without raising for them.
+    """Every problem of the store (integrity, chain, triggers, checkpoints, head log, publications), without
+    raising for them.
 
     ``checkpoint`` is an exported checkpoint file to compare with as well (``kepsilon audit verify
     --checkpoint``); an unreadable checkpoint file raises ``KepsilonError`` (it is the caller's input).
+    ``manifests_in``: folders of published releases to compare with (None: publications not checked);
+    with ``population``, only that population's manifests count.
     """
     if isinstance(db_or_path, (str, Path)):
         path = Path(db_or_path)
         inspection = Inspection(store=str(path))
+        if head_log is None:
+            _adopt_legacy_log(path, inspection)
         log_path = head_log_path(path, head_log)
         heads = _read_log(log_path, inspection)
+        witnesses = _published_witnesses(path, manifests_in, population, inspection)
         if not path.exists():
             _compare_with_log(None, 0, heads, log_path, inspection)
+            _compare_with_publications(None, 0, witnesses, inspection)
             return inspection
         try:
             conn = sqlite3.connect(str(path), timeout=busy_timeout_ms() / 1000)
@@ -113,7 +138,7 @@ def inspect_store(
             inspection.problems.append(f"the file cannot be opened ({error_label(error)})")
             return inspection
         try:
-            _inspect(conn, inspection, heads, log_path, checkpoint)
+            _inspect(conn, inspection, heads, log_path, checkpoint, witnesses)
         finally:
             conn.close()
         return inspection
@@ -122,16 +147,69 @@ def inspect_store(
     inspection = Inspection(store=store or "(in memory)")
     log_path = head_log_path(store, head_log) if store else None
     heads = _read_log(log_path, inspection) if log_path else []
-    _inspect(conn, inspection, heads, log_path, checkpoint)
+    witnesses = _published_witnesses(store, manifests_in, population, inspection) if store else None
+    _inspect(conn, inspection, heads, log_path, checkpoint, witnesses)
     return inspection
 
 
-def _inspect(conn, inspection: Inspection, heads: list[LoggedHead], log_path: Path | None, checkpoint) -> None:
+def _adopt_legacy_log(path: Path, inspection: Inspection) -> None:
+    """Move an earlier version's log (beside the store) to the default place before it is read."""
+    try:
+        adopt_legacy_head_log(path)
+    except OSError as error:
+        inspection.problems.append(
+            f"its head log beside the store cannot be moved to its new place ({type(error).__name__}); "
+            f"move it by hand or set {ENV_HEAD_LOG} to it"
+        )
+
+
+def _published_witnesses(store, manifests_in, population, inspection: Inspection) -> list[Witness] | None:
+    """The published manifests' witnesses, read *before* the snapshot: every head they name was committed
+    before its folder was moved into place, so a release published while we check cannot look like a rollback.
+    Exported checkpoint files the store recorded count as witnesses too, whenever the store is checked."""
+    witnesses = _recorded_checkpoints(store)
+    if manifests_in is None:
+        return witnesses or None
+    folders = [Path(folder) for folder in manifests_in] + published_folders(store, population)
+    return witnesses + find_witnesses(folders, population)
+
+
+def _recorded_checkpoints(store) -> list[Witness]:
+    """The checkpoint files the store says it exported, as they are now (a later export to the same path
+    knows a newer head). Unreadable or foreign files are skipped: they are the officer's, not ours."""
+    from .chain import read_checkpoint
+    from .witness import _HASH
+
+    try:
+        conn = sqlite3.connect(f"{Path(store).resolve().as_uri()}?mode=ro", uri=True, timeout=busy_timeout_ms() / 1000)
+    except sqlite3.Error:
+        return []
+    try:
+        paths = [row[0] for row in conn.execute("SELECT DISTINCT path FROM checkpoints")]
+    except sqlite3.Error:
+        return []
+    finally:
+        conn.close()
+    found = []
+    for path in paths:
+        if not path or not Path(path).is_file():
+            continue
+        try:
+            data = read_checkpoint(path)
+        except Exception:  # noqa: BLE001 - any unreadable file is skipped, as documented
+            continue
+        head = data.get("head_hash")
+        if data["entry_count"] >= 0 and isinstance(head, str) and _HASH.match(head):
+            found.append(Witness(Path(path), "", data["entry_count"], head, kind="the exported checkpoint"))
+    return found
+
+
+def _inspect(conn, inspection: Inspection, heads, log_path: Path | None, checkpoint, witnesses=None) -> None:
     began = not conn.in_transaction
     try:
         if began:
             conn.execute("BEGIN")
-        _inspect_snapshot(conn, inspection, heads, log_path, checkpoint)
+        _inspect_snapshot(conn, inspection, heads, log_path, checkpoint, witnesses)
     except sqlite3.Error as error:
         cause = sqlite_cause(error)
         if cause is None:
@@ -143,13 +221,14 @@ def _inspect(conn, inspection: Inspection, heads: list[LoggedHead], log_path: Pa
                 conn.execute("ROLLBACK")
 
 
-def _inspect_snapshot(conn, inspection: Inspection, heads, log_path, checkpoint) -> None:
+def _inspect_snapshot(conn, inspection: Inspection, heads, log_path, checkpoint, witnesses=None) -> None:
     tables = {name for (name,) in conn.execute("SELECT name FROM sqlite_master WHERE type = 'table'")}
     if "chain" not in tables:
         if tables:
             inspection.problems.append("the file is a SQLite database but not a kepsilon audit store (no chain table)")
         else:  # an empty file: a store whose schema was never created
             _compare_with_log(conn, 0, heads, log_path, inspection)
+            _compare_with_publications(None, 0, witnesses, inspection)
         return
     store = database_file(conn)
     if store:
@@ -164,7 +243,18 @@ def _inspect_snapshot(conn, inspection: Inspection, heads, log_path, checkpoint)
         ok, problems = verify_chain(conn, checkpoint)
     inspection.problems.extend(problems)
     inspection.entries, inspection.head_hash = _head(conn)
+    if not heads and inspection.entries > 0 and log_path is not None:
+        heads = _read_log(log_path, Inspection(store=inspection.store))  # a first commit's line may be just written
     _compare_with_log(conn, inspection.entries, heads, log_path, inspection)
+    _compare_with_publications(conn, inspection.entries, witnesses, inspection)
+
+
+def _compare_with_publications(conn, entries: int, witnesses: list[Witness] | None, inspection: Inspection) -> None:
+    if witnesses is None:
+        return
+    problems, summary = compare_with_witnesses(conn, entries, witnesses)
+    inspection.problems.extend(problems)
+    inspection.publications = summary
 
 
 def _integrity_check(store: str) -> list[str]:
@@ -213,7 +303,14 @@ def _compare_with_log(conn, entries: int, heads: list[LoggedHead], log_path: Pat
         inspection.head_log = "not checked (in-memory store)"
         return
     if not heads:
-        inspection.head_log = f"none at {log_path} (rollback not checked)"
+        if entries > 0:
+            inspection.problems.append(
+                f"its head log {str(log_path)!r} is missing or empty, but the store has {entries} chain entries "
+                f"(deleted, or {ENV_HEAD_LOG} changed): restore it, or set {ENV_HEAD_LOG} to where it is"
+            )
+            inspection.head_log = f"missing at {log_path}"
+            return
+        inspection.head_log = f"none yet at {log_path} (the store has no entries)"
         return
     latest = max(heads, key=lambda head: head.entries)
     if entries < latest.entries:

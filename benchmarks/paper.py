@@ -218,15 +218,16 @@ def shape_checks(advice: Advice, survey: Survey | None = None) -> list[tuple[str
     at = {(c.k, c.epsilon): c for c in cells}
     checks = []
 
+    # The paper's error ∝ 1/ε is the unclamped Laplace's. Published values are clamped to the public bounds
+    # (post-processing), which caps the error where b = diameter/ε is large next to the bounds: the shape
+    # checked is the measured error following the exact (clamped) prediction, and falling as ε rises.
     slopes = {k: _slope(epsilons, [at[k, e].measured_error["HEIGHT"].mean for e in epsilons]) for k in ks}
-    exact = all(
-        math.isclose(at[k, e].predicted_mean * e, at[k, epsilons[0]].predicted_mean * epsilons[0], rel_tol=1e-9)
-        for k in ks for e in epsilons
-    )
+    predicted_slopes = {k: _slope(epsilons, [at[k, e].predicted_mean for e in epsilons]) for k in ks}
     checks.append((
-        "error ∝ 1/ε: predicted·ε constant per k, measured log–log slope within −1 ± 0.05",
-        exact and all(abs(s + 1) <= 0.05 for s in slopes.values()),
-        "measured slopes " + ", ".join(f"k={k}: {s:.3f}" for k, s in slopes.items()),
+        "error falls as ε rises, measured log–log slope within ± 0.05 of the exact clamped prediction's "
+        "(the paper's −1 is the unclamped noise's)",
+        all(s < 0 and abs(s - predicted_slopes[k]) <= 0.05 for k, s in slopes.items()),
+        "measured slopes " + ", ".join(f"k={k}: {s:.3f} (predicted {predicted_slopes[k]:.3f})" for k, s in slopes.items()),
     ))
 
     rising = all(at[a, e].predicted_mean <= at[b, e].predicted_mean for e in epsilons for a, b in zip(ks, ks[1:]))

@@ -196,6 +196,10 @@ PUBLIC_FIELDS = {
     "software": "*",
     "checks": None,
     "unprotected_statistics": "*",
+    # The audit chain's entry of the release's sealed seed (audit/witness.py): a witness of the private
+    # store outside it, so a store put back from a backup is caught. The hash covers sealed seeds and
+    # microsecond timestamps, so it confirms no guess; the count says how many audit events the store had.
+    "audit_chain": {"entries": None, "head_hash": None},
 }
 """The public manifest's fields. A dict lists the allowed keys below it; ``"*"`` allows any keys
 below (column names, file names, package names, stages); ``None`` is a leaf."""

@@ -27,6 +27,7 @@ from prefect import flow, get_run_logger
 from prefect.runtime import flow_run
 
 from kepsilon.audit.claims import release_claim
+from kepsilon.audit.witness import with_chain_witness
 from kepsilon.engine.criteria import disclosure_report
 from kepsilon.engine.metrics import certain_linking_risk, errors_by_class
 from kepsilon.engine.perturb import public_grid
@@ -112,7 +113,7 @@ def _release_in_memory(spec: ReleaseSpec) -> dict:
     figures_dir = private_report_dir(spec.release_id, spec.output_dir)  # refused before any work if misplaced
     source = _in_stage("ingest", ingest_source, spec.source)
     key = idempotency_key(spec, source.sha256)
-    verify_store(store)
+    verify_store(store, spec.output_dir, spec.population_id)  # the chain against its published witnesses too
     done = find_published(store, spec.release_id, key)
     if done is not None:
         logger.info("release %s was already published at %s; nothing to do", spec.release_id, done["published_at"])
@@ -314,7 +315,7 @@ def _perturb_check_stage(spec, key, table, partition, reservation, store, record
         raise validation_failure(validation)
 
     grids = {q.column: public_grid(q.lower, q.upper, epsilon) for q, epsilon in zip(spec.roles.e_quasi, spec.epsilon_split().values())}
-    public = public_manifest(record, spec, grids, guarantee_statement(spec.scale_basis))
+    public = with_chain_witness(public_manifest(record, spec, grids, guarantee_statement(spec.scale_basis)), store, key)
     publication = _stage_publication(record, release, public, output_dir)
     return record, publication, figure_inputs
 
@@ -353,6 +354,6 @@ def _dp_check_stage(spec, key, table, dp_plan, reservation, store, record, outpu
     if not validation.success:
         raise validation_failure(validation)
 
-    public = public_manifest(record, spec, {}, dp_guarantee_statement(spec.k, spec.epsilon, record["dp"]))
+    public = with_chain_witness(public_manifest(record, spec, {}, dp_guarantee_statement(spec.k, spec.epsilon, record["dp"])), store, key)
     publication = _stage_publication(record, release, public, output_dir)
     return record, publication, None

@@ -39,6 +39,7 @@ from prefect import flow, get_run_logger
 from prefect.futures import as_completed
 from prefect.runtime import flow_run
 
+from kepsilon.audit.witness import with_chain_witness
 from kepsilon.engine.criteria import declared, disclosure_figures
 from kepsilon.engine.perturb import new_seed, public_grid
 from kepsilon.engine.randomness import RecordStreams
@@ -271,7 +272,7 @@ def governed_release_dask(spec: ReleaseSpec) -> dict:
     figures_dir = private_report_dir(spec.release_id, spec.output_dir)
     plan = plan_source_task.submit(spec.source, spec.execution.partitions).result()
     key = idempotency_key(spec, plan.sha256)
-    verify_store(store)
+    verify_store(store, spec.output_dir, spec.population_id)  # the chain against its published witnesses too
     done = find_published(store, spec.release_id, key)
     if done is not None:
         logger.info("release %s was already published at %s; nothing to do", spec.release_id, done["published_at"])
@@ -491,7 +492,7 @@ def _spend_check_stage(spec, key, plan, table, anonymised, coder, reservation, s
         raise validation_failure(validation)
 
     grids = {q.column: public_grid(q.lower, q.upper, eps) for q, eps in zip(spec.roles.e_quasi, spec.epsilon_split().values())}
-    public = public_manifest(record, spec, grids, guarantee_statement(spec.scale_basis))
+    public = with_chain_witness(public_manifest(record, spec, grids, guarantee_statement(spec.scale_basis)), store, key)
     write_file(staging / MANIFEST, manifest_bytes({**public, "outputs": outputs}))
     _fsync_directory(staging / DATASET)
     _fsync_directory(staging)

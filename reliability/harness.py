@@ -84,6 +84,18 @@ def kepsilon(args: list[str], env: dict, cwd: Path, fault: str | None = None, ti
     )
 
 
+def copy_head_log(source_store: Path, target_store: Path) -> None:
+    """Put ``source_store``'s head log where ``target_store``'s belongs (a copy of a store goes with its log)."""
+    import shutil
+
+    from kepsilon.audit.headlog import head_log_path
+
+    source, target = head_log_path(source_store), head_log_path(target_store)
+    if source.exists():
+        target.parent.mkdir(mode=0o700, parents=True, exist_ok=True)
+        shutil.copy2(source, target)
+
+
 def set_cap(env: dict, work: Path, cap: float, population: str = POPULATION) -> None:
     result = kepsilon(["audit", "set-cap", population, str(cap), "--by", "reliability", "--reason", "test cap"], env, work)
     if result.returncode != 0:

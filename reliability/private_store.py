@@ -65,7 +65,7 @@ def _modes(results: Results, private: Path, reports: Path) -> None:
     names = sorted(p.name for p in files if p.parent == private)
     # -wal and -shm are gone once the last connection closes (SQLite checkpoints and removes them); their
     # mode while open is tested in tests/test_audit_private.py.
-    expected = {"audit.db", "audit.db.heads", "audit.db.lock", "seed.key", "fingerprint.key"}
+    expected = {"audit.db", "audit.db.lock", "seed.key", "fingerprint.key"}  # the head log lives outside (state folder)
     results.add(CATEGORY, "store, head log, lock, keys, private figures: 0600 in 0700 folders",
                 not wide and expected <= set(names) and any(p.suffix == ".png" for p in files),
                 f"{len(files)} files, {len(folders)} folders; not private: {wide or 'none'}; in the store's folder: {names}")

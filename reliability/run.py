@@ -9,6 +9,7 @@ Exit status 1 if any check failed.
 from __future__ import annotations
 
 import argparse
+import os
 import shutil
 import sys
 import time
@@ -21,6 +22,7 @@ from kepsilon.faults import WORKER_FAULT_POINTS
 from .dask_scenarios import DASK_KILL_POINTS, cluster_intruder_scenario, dask_kill_scenario, worker_kill_scenario
 from .harness import Results, prefect_server, scratch
 from .private_store import private_store_scenario
+from .rollback import rollback_scenario
 from .scenarios import (
     FAULT_POINTS,
     ORCHESTRATOR_KILL_POINTS,
@@ -43,6 +45,8 @@ REPORT = Path(__file__).resolve().parent / "report.md"
 def run_all(args) -> tuple[Results, list[dict], dict, dict[str, float], list[dict]]:
     results = Results()
     base = scratch("reliability")
+    # The stores' default head logs live outside their folders, in the state folder: this run's, not the account's.
+    os.environ["XDG_STATE_HOME"] = str(base / "state")
     timings: dict[str, float] = {}
     fault_source = sample_source(base / "fault-source.csv", args.fault_rows)
     small = sample_source(base / "small.csv", 400)
@@ -115,6 +119,11 @@ def run_all(args) -> tuple[Results, list[dict], dict, dict[str, float], list[dic
             for point in WORKER_FAULT_POINTS:
                 worker_kill_scenario(results, env, base / f"dask-worker-{point}", dask_sample, point)
             timings["dask worker kill"] = time.monotonic() - start
+
+        # --- A store put back from a backup (issue 24.1): with or without its head log. reliability/rollback.py.
+        start = time.monotonic()
+        rollback_scenario(results, env, base / "rollback", small)
+        timings["rollback"] = time.monotonic() - start
 
     start = time.monotonic()
     tamper_scenario(results, env, base / "tamper", base / "race-0" / "audit.db")

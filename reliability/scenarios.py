@@ -26,6 +26,7 @@ from types import SimpleNamespace
 import numpy as np
 import pandas as pd
 
+from kepsilon.audit.headlog import head_log_path
 from kepsilon.faults import FAULT_POINTS  # re-exported for run.py and the tests
 
 from .harness import (
@@ -34,6 +35,7 @@ from .harness import (
     ROOT,
     SYNTHETIC,
     Results,
+    copy_head_log,
     kepsilon,
     ledger_kinds,
     max_per_key,
@@ -520,6 +522,7 @@ def _copy_store(source: Path, target: Path) -> Path:
     src.backup(dst)
     src.close()
     dst.close()
+    copy_head_log(source, target)
     return target
 
 
@@ -605,20 +608,24 @@ def tamper_scenario(results: Results, env: dict, work: Path, store: Path) -> int
 NOISE_CASES = (
     # (scale basis, class diameter or bound width, ε) -> b = width / ε
     ("diameter", 1.0, 1.0),
-    ("diameter", 10.0, 0.5),
+    ("diameter", 10.0, 1.0),
     ("diameter", 80.0, 2.0),
     ("diameter", 0.3, 1.0),
-    ("diameter", 1000.0, 0.1),
+    ("diameter", 1000.0, 1.0),
     ("bounds", 100.0, 50.0),
 )
 
 
-def _constructed_class(basis: str, width: float, n: int) -> tuple[pd.DataFrame, SimpleNamespace]:
+def _constructed_class(basis: str, width: float, n: int, epsilon: float) -> tuple[pd.DataFrame, SimpleNamespace]:
     """One equivalence class of ``n`` records whose values span exactly ``width`` (diameter mode), or
-    sit mid-way between public bounds ``width`` apart (bounds mode, clamping then negligible)."""
+    sit mid-way between public bounds ``width`` apart (bounds mode). Published values are clamped to the
+    bounds, so in diameter mode the bounds lie 6 b beyond the class: clamping touches a draw with
+    probability e^−6 / 2 (a handful of 5,000), and the public grid stays near b/64 (wider bounds would
+    make it coarse enough for the KS test to see the rounding)."""
     if basis == "diameter":
         values = np.where(np.arange(n) % 2 == 0, 0.0, width)
-        quasi = SimpleNamespace(column="v", lower=0.0, upper=width)  # public bounds: the class spans them
+        margin = 6 * width / epsilon
+        quasi = SimpleNamespace(column="v", lower=-margin, upper=width + margin)
     else:
         values = np.full(n, width / 2)
         quasi = SimpleNamespace(column="v", lower=0.0, upper=width)
@@ -632,10 +639,10 @@ def noise_scenario(results: Results, samples: int, seed: int = 20240611) -> None
     from kepsilon.engine.perturb import perturb, public_grid
 
     cat = "noise"
-    rng = np.random.default_rng(seed)
-    for basis, width, epsilon in NOISE_CASES:
+    for case, (basis, width, epsilon) in enumerate(NOISE_CASES):
+        rng = np.random.default_rng([seed, case])  # each case's draws its own, whatever the cases before it
         b = width / epsilon
-        frame, quasi = _constructed_class(basis, width, samples)
+        frame, quasi = _constructed_class(basis, width, samples, epsilon)
         result = perturb(frame, np.zeros(samples, dtype=int), [quasi], {"v": epsilon}, basis, rng)
         noise = result.frame["v"].to_numpy() - frame["v"].to_numpy()
         label = f"{basis} b={b:g} ({samples} samples)"
@@ -728,9 +735,10 @@ class BadDay:
 def _checkpointed_copy(source_dir: Path, target_dir: Path, keep_wal: bool) -> None:
     """Copy an audit store (with its WAL, head log and seed key) as it is on disk, WAL merged unless ``keep_wal``."""
     target_dir.mkdir(parents=True, exist_ok=True)
-    for name in ("audit.db", "audit.db-wal", "audit.db.heads", "seed.key"):
+    for name in ("audit.db", "audit.db-wal", "seed.key"):
         if (source_dir / name).exists():
             shutil.copy2(source_dir / name, target_dir / name)
+    copy_head_log(source_dir / "audit.db", target_dir / "audit.db")
     if not keep_wal:
         conn = sqlite3.connect(target_dir / "audit.db")
         conn.execute("PRAGMA wal_checkpoint(TRUNCATE)")
@@ -788,7 +796,10 @@ def broken_stores(results: Results, env: dict, base: Path, source: Path) -> list
 
 def _store_bytes(work: Path) -> dict[str, bytes]:
     """The store's file, its head log and its WAL's content (an empty or absent WAL holds nothing)."""
-    found = {name: (work / name).read_bytes() for name in ("audit.db", "audit.db.heads", "audit.db-wal") if (work / name).exists()}
+    found = {name: (work / name).read_bytes() for name in ("audit.db", "audit.db-wal") if (work / name).exists()}
+    log = head_log_path(work / "audit.db")
+    if log.exists():
+        found["head log"] = log.read_bytes()
     if not found.get("audit.db-wal"):
         found.pop("audit.db-wal", None)
     return found

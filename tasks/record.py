@@ -7,6 +7,7 @@ recorded too, so officers can see what was attempted, not only what was publishe
 """
 
 import os
+from pathlib import Path
 
 from prefect import task
 from prefect.cache_policies import NO_CACHE
@@ -45,13 +46,15 @@ def check_approval(spec: ReleaseSpec, operator: str, store: str, manifest: dict)
 
 
 @task(name="verify-store", cache_policy=NO_CACHE, persist_result=False)
-def verify_store(store: str) -> None:
+def verify_store(store: str, output_dir: str | None = None, population: str | None = None) -> None:
     """Refuse to spend from a store that does not verify (corrupt, tampered or rolled back).
 
     Runs right before the reservation; nothing is written to a store that failed, since a refusal
-    record would extend a chain that cannot be trusted.
+    record would extend a chain that cannot be trusted. With ``output_dir`` (the spec's), the published
+    manifests of ``population`` there and in the folders the store recorded must agree with the chain:
+    each witnessed the chain's head at its publication (``audit/witness.py``).
     """
-    check_store(store)
+    check_store(store, manifests_in=[Path(output_dir)] if output_dir else None, population=population)
 
 
 @task(name="reserve-epsilon", cache_policy=NO_CACHE, persist_result=False)

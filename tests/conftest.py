@@ -33,6 +33,15 @@ def synthetic_spec_dict(tmp_path) -> dict:
     )
 
 
+@pytest.fixture(scope="session", autouse=True)
+def private_state_folder(tmp_path_factory):
+    """The default head logs (``$XDG_STATE_HOME/kepsilon/heads``, one per store path) of the whole session
+    under a temporary folder, never in the account's real state folder; set before any module's store."""
+    with pytest.MonkeyPatch.context() as patch:
+        patch.setenv("XDG_STATE_HOME", str(tmp_path_factory.mktemp("state")))
+        yield
+
+
 @pytest.fixture(scope="module")
 def prefect_harness():
     """A Prefect test server for a module of flow runs (``pytest.mark.usefixtures("prefect_harness")``)."""

@@ -15,6 +15,7 @@ import kepsilon.audit.ledger as ledger_module
 from kepsilon.audit import queries
 from kepsilon.audit.approvals import approve
 from kepsilon.audit.cli import audit_app
+from kepsilon.audit.headlog import head_log_path
 from kepsilon.audit.ledger import BudgetExceeded, budget, mark_noise_drawn, reserve, set_cap, void
 from kepsilon.audit.records import record_release
 from kepsilon.audit.seeds import seal_seed, unseal_seed
@@ -102,6 +103,9 @@ def writable(store_path, tmp_path, monkeypatch):
     db.execute("PRAGMA wal_checkpoint(TRUNCATE)")
     db.close()
     shutil.copy(store_path, tmp_path / "audit.db")
+    copy = head_log_path(tmp_path / "audit.db")  # a copy of a store goes with its head log
+    copy.parent.mkdir(mode=0o700, parents=True, exist_ok=True)
+    shutil.copy(head_log_path(store_path), copy)
     return tmp_path / "audit.db"
 
 
@@ -414,7 +418,10 @@ def _in_tmux(command: list[str], tmp_path, columns: int = 120) -> list[str]:
     session = f"kepsilon-audit-{os.getpid()}-{time.monotonic_ns()}"
     tmp_path.mkdir(parents=True, exist_ok=True)
     done = tmp_path / "done"
-    script = f"{shlex.join(command)}; echo $? > {shlex.quote(str(done))}; sleep 60"
+    # A running tmux server gives new sessions its own environment, not ours: pass on where head logs live.
+    state = os.environ.get("XDG_STATE_HOME")
+    prefix = f"export XDG_STATE_HOME={shlex.quote(state)}; " if state else ""
+    script = f"{prefix}{shlex.join(command)}; echo $? > {shlex.quote(str(done))}; sleep 60"
     subprocess.run(["tmux", "new-session", "-d", "-s", session, "-x", str(columns), "-y", "80",
                     "bash", "--norc", "-c", script], check=True, env={**os.environ, "TERM": "xterm-256color"})
     try:

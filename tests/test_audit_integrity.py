@@ -5,6 +5,7 @@ file access would: dropping a trigger, editing or deleting a row, flipping bytes
 the -wal file after a crash, putting an older copy back.
 """
 
+import json
 import logging
 import os
 import random
@@ -24,7 +25,7 @@ import kepsilon.audit.store as store_module
 from kepsilon.audit.chain import verify_chain
 from kepsilon.audit.cli import audit_app
 from kepsilon.audit.errors import StoreCompromised, StoreUnavailable
-from kepsilon.audit.headlog import ENV_HEAD_LOG, read_heads
+from kepsilon.audit.headlog import ENV_HEAD_LOG, default_head_log, head_log_path, read_heads
 from kepsilon.audit.integrity import check_store, inspect_store
 from kepsilon.audit.ledger import BudgetExceeded, budget, mark_noise_drawn, reserve, set_cap
 from kepsilon.audit.records import record_release
@@ -257,7 +258,7 @@ def test_a_trigger_replaced_by_one_that_does_not_refuse_is_refused(built):
 
 def test_every_commit_that_extends_the_chain_logs_its_head(tmp_path):
     db = open_store(tmp_path / "audit.db")
-    log = tmp_path / "audit.db.heads"
+    log = head_log_path(tmp_path / "audit.db")
     assert not log.exists()  # creating the schema extends no chain
     set_cap(db, "pop", 2.0, "alice", "initial")
     _release(db, 1)
@@ -275,7 +276,7 @@ def test_the_head_log_path_comes_from_the_environment(tmp_path, monkeypatch):
     db = open_store(tmp_path / "audit.db")
     set_cap(db, "pop", 1.0, "alice", "initial")
     db.close()
-    assert read_heads(elsewhere)[0][-1].entries == 2 and not (tmp_path / "audit.db.heads").exists()
+    assert read_heads(elsewhere)[0][-1].entries == 2 and not default_head_log(tmp_path / "audit.db").exists()
 
 
 def test_an_older_copy_put_back_is_a_rollback(built, tmp_path):
@@ -291,7 +292,8 @@ def test_an_older_copy_put_back_is_a_rollback(built, tmp_path):
     shutil.copy(backup, built)
     message = _refused(built)
     assert "rolled back" in message
-    assert check_store(backup) is None  # the copy on its own (no log beside it) is consistent
+    # The copy under another name has no head log of its own: once a store has entries, that is refused too.
+    assert "is missing or empty" in _refused(backup) and "KEPSILON_AUDIT_HEAD_LOG" in _refused(backup)
 
 
 def test_a_wal_deleted_after_a_crash_is_a_rollback(built):
@@ -318,14 +320,14 @@ os._exit(0)  # like a crash: no checkpoint at close, the three commits live only
 
 
 def test_a_chain_longer_than_the_log_is_the_crash_window_and_passes(built):
-    log = Path(str(built) + ".heads")
+    log = head_log_path(built)
     lines = log.read_bytes().splitlines(keepends=True)
     log.write_bytes(b"".join(lines[:-2]))  # the last commits' lines never made it
     check_store(built)
 
 
 def test_a_torn_last_line_is_skipped_and_the_next_head_starts_a_new_line(built):
-    log = Path(str(built) + ".heads")
+    log = head_log_path(built)
     with open(log, "ab") as handle:
         handle.write(b'{"entries": 99999, "head_ha')  # a crash mid-write
     check_store(built)
@@ -338,7 +340,7 @@ def test_a_torn_last_line_is_skipped_and_the_next_head_starts_a_new_line(built):
 
 
 def test_a_log_whose_head_differs_at_its_length_is_a_rewrite(built):
-    log = Path(str(built) + ".heads")
+    log = head_log_path(built)
     entries = read_heads(log)[0][-1].entries
     with open(log, "a") as handle:
         handle.write(f'{{"entries": {entries}, "head_hash": "{"ab" * 32}", "at": "t"}}\n')
@@ -526,3 +528,61 @@ def test_an_intact_store_still_answers_and_verify_shows_the_head_log(built):
     assert result.exit_code == 0 and '"remaining": 0.0' in result.stdout
     verified = runner.invoke(audit_app, ["--db", str(built), "verify", "--format", "json"])
     assert verified.exit_code == 0 and "contains the logged head" in verified.stdout
+
+
+# --- 4. Witnesses outside the store: exported checkpoints (issue 24.1) -------------------------------
+
+
+def test_a_checkpoint_exported_again_to_the_same_path_catches_an_older_store_put_back_with_its_log(built, tmp_path):
+    from kepsilon.audit.chain import write_checkpoint
+
+    exported = tmp_path / "elsewhere" / "checkpoint.json"
+    db = open_store(built)
+    write_checkpoint(db, exported)
+    db.execute("PRAGMA wal_checkpoint(TRUNCATE)")
+    db.close()
+    backup, log_backup = tmp_path / "backup.db", tmp_path / "backup.heads"
+    shutil.copy(built, backup)
+    shutil.copy(head_log_path(built), log_backup)
+    db = open_store(built)
+    set_cap(db, "pop", 3.0, "alice", "raised")
+    _release(db, 3)
+    write_checkpoint(db, exported)  # the officer's nightly export, to the same file
+    db.close()
+    for suffix in ("-wal", "-shm"):
+        Path(str(built) + suffix).unlink(missing_ok=True)
+    shutil.copy(backup, built)
+    shutil.copy(log_backup, head_log_path(built))
+    message = _refused(built)
+    assert "rolled back" in message and "the exported checkpoint" in message and "checkpoint.json" in message
+
+
+def test_published_manifests_of_another_population_or_malformed_are_not_witnesses_for_a_release(built, tmp_path):
+    from kepsilon.audit.witness import find_witnesses
+
+    out = tmp_path / "out"
+    for name, document in {
+        "theirs": {"population_id": "other", "audit_chain": {"entries": 10**6, "head_hash": "ab" * 32}},
+        "broken": "not json",
+        "no-witness": {"population_id": "pop"},
+        "bad-hash": {"population_id": "pop", "audit_chain": {"entries": 10**6, "head_hash": "zz"}},
+    }.items():
+        (out / name).mkdir(parents=True)
+        (out / name / "manifest.json").write_text(document if isinstance(document, str) else json.dumps(document))
+    assert find_witnesses([out], "pop") == []
+    check_store(built, manifests_in=[out], population="pop")  # none of them counts for 'pop'
+    assert "rolled back" in str(pytest.raises(StoreCompromised, check_store, built, manifests_in=[out]).value)
+
+
+def test_a_head_log_left_beside_the_store_by_an_earlier_version_is_moved_out_and_still_checked(tmp_path, monkeypatch):
+    store = tmp_path / "audit.db"
+    legacy = Path(str(store) + ".heads")
+    monkeypatch.setenv(ENV_HEAD_LOG, str(legacy))  # where an earlier version wrote it
+    db = open_store(store)
+    set_cap(db, "pop", 2.0, "alice", "initial")
+    db.close()
+    logged = legacy.read_bytes()
+    monkeypatch.delenv(ENV_HEAD_LOG)
+    check_store(store)
+    assert not legacy.exists() and default_head_log(store).read_bytes() == logged
+    assert oct(default_head_log(store).stat().st_mode & 0o777) == "0o600"

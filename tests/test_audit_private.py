@@ -13,6 +13,7 @@ from pathlib import Path
 import pytest
 
 from kepsilon.audit.fingerprint import file_fingerprint, fingerprint_key
+from kepsilon.audit.headlog import head_log_path
 from kepsilon.audit.ledger import reserve, set_cap
 from kepsilon.audit.private import PrivateFolderError
 from kepsilon.audit.seeds import seal_seed
@@ -53,10 +54,13 @@ def test_the_store_its_wal_shm_and_head_log_are_0600_in_a_0700_folder_whatever_t
     db = open_store(store)
     set_cap(db, "pop", 1.0, "alice", "initial")
     seal_seed(db, idempotency_key="k", release_id="r", seed=os.urandom(32))
-    files = {name: store.with_name(name) for name in ("audit.db", "audit.db-wal", "audit.db-shm", "audit.db.heads")}
+    files = {name: store.with_name(name) for name in ("audit.db", "audit.db-wal", "audit.db-shm")}
+    files["heads"] = head_log_path(store)
     assert all(path.exists() for path in files.values()), files  # WAL mode, a commit logged: all four exist
     assert {name: oct(mode(path)) for name, path in files.items()} == {name: "0o600" for name in files}
     assert oct(mode(store.parent)) == "0o700"
+    # The head log lives outside the store's folder (a backup of that folder does not hold it), 0700 too.
+    assert store.parent not in files["heads"].parents and oct(mode(files["heads"].parent)) == "0o700"
     assert oct(mode(keys)) == "0o700" and oct(mode(keys / "seed.key")) == "0o600"
     db.close()
 
@@ -66,12 +70,12 @@ def test_an_older_store_readable_by_others_is_narrowed_to_its_owner_when_opened(
     db = open_store(store)
     set_cap(db, "pop", 1.0, "alice", "initial")
     db.close()
-    for name in ("audit.db", "audit.db.heads"):
-        os.chmod(tmp_path / name, 0o644)  # as an earlier version left them
+    for path in (store, head_log_path(store)):
+        os.chmod(path, 0o644)  # as an earlier version left them
     db = open_store(store)
     set_cap(db, "pop", 2.0, "alice", "raised")
-    assert {name: oct(mode(tmp_path / name)) for name in ("audit.db", "audit.db-wal", "audit.db.heads")} == {
-        "audit.db": "0o600", "audit.db-wal": "0o600", "audit.db.heads": "0o600"}
+    assert {str(path): oct(mode(path)) for path in (store, tmp_path / "audit.db-wal", head_log_path(store))} == {
+        str(store): "0o600", str(tmp_path / "audit.db-wal"): "0o600", str(head_log_path(store)): "0o600"}
     db.close()
 
 

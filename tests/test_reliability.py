@@ -155,3 +155,15 @@ def test_when_the_prefect_server_dies_after_the_noise_the_cli_tells_what_the_sto
     row = orchestrator_death(results, base / "orchestrator", sample, "after-noise")
     assert_all_pass(results, ORCHESTRATOR_CATEGORY, minimum=7)
     assert (row["store"], row["exit"]) == ("published", 0)
+
+
+# --- A store put back from a backup (issue 24.1; reliability/rollback.py) ---------------------------------
+
+
+def test_a_store_put_back_from_a_backup_is_refused_before_epsilon_with_or_without_its_head_log(server, base, sample):
+    from reliability.rollback import CATEGORY, WAYS, rollback_scenario
+
+    results = Results()
+    table = rollback_scenario(results, server, base / "rollback", sample)
+    assert_all_pass(results, CATEGORY, minimum=8 * len(WAYS))
+    assert [row["refused_before_epsilon"] for row in table] == [True] * len(WAYS)
