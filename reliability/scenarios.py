@@ -492,7 +492,7 @@ def leak_scenario(results: Results, env: dict, work: Path, sample: Path, rows_wi
         "published files": _files_under(work / "out"),
         "captured logs (run stdout/stderr)": _files_under(logs),
         "Prefect server log": _files_under(home / "server.log"),
-        "audit store (raw file bytes, WAL included)": sorted(work.glob("audit.db*")),
+        "audit store (raw file bytes, WAL included)": sorted(p for p in work.glob("audit.db*") if p.is_file()),
         "audit store (every table, dumped)": [audit_dump],
         "Prefect database (raw file bytes)": prefect_dbs,
         "PREFECT_HOME other files (storage, results)": _files_under(home, exclude=tuple(prefect_dbs) + (home / "server.log",)),
