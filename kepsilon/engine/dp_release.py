@@ -238,12 +238,14 @@ def mechanism(frame: pd.DataFrame, dp_plan: DPPlan, spec, rngs) -> tuple[pd.Data
     epsilon_search, _ = spec.dp_epsilons()
     report: dict[str, Any] = {"rows_in": int(len(frame))}
     if dp_plan.node is None:
-        if dp_plan.quality is None or dp_plan.steps is None:
-            raise SpecError("dp.search", "a search needs its quality model and steps (the plan sets both)")
+        if dp_plan.quality is None:
+            raise SpecError("dp.search.quality", "a search needs its quality model (the plan sets it)")
         # The score is the expected quality published at a node, on the full data (dp_quality).
         scorer = NodeScorer(dp_plan.table.compressed(), dp_plan.quality, spec.k, spec.dp_beta())
         if dp_plan.strategy == "exhaustive":
             result = dp_exhaustive_search(scorer, epsilon_search, search_rng)
+        elif dp_plan.steps is None:
+            raise SpecError("dp.search.steps", "a walk needs its number of steps (the plan sets it)")
         else:
             result = dp_search(scorer, epsilon_search, dp_plan.steps, search_rng)
         node = result.node
