@@ -303,8 +303,9 @@ def exactness_check(advice: Advice, survey: Survey) -> tuple[str, bool, str]:
     for k, node in advice.nodes.items():
         choice = survey.dm_star_choice(k)
         ola_levels = tuple(node[c] for c in survey.columns)
-        cell = next(c for c in advice.cells if c.k == k)
-        error_agrees = cell.epsilon <= 0 or math.isclose(cell.predicted_mean * cell.epsilon, choice.error[k], rel_tol=1e-9)
+        # The survey predicts at ε = 1; with clamping the error no longer scales as 1/ε, so only that cell compares.
+        cell = next((c for c in advice.cells if c.k == k and c.epsilon == 1.0), None)
+        error_agrees = cell is not None and math.isclose(cell.predicted_mean, choice.error[k], rel_tol=1e-9)
         agree.append(choice is not None and choice.levels == ola_levels and error_agrees)
         for other in survey.qualifying(k):
             if other is not choice and other.dm_star == choice.dm_star:
