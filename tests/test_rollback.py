@@ -27,7 +27,8 @@ POPULATION = "test-population"
 
 
 def _release(spec_dict: dict, release_id: str) -> dict:
-    return governed_release(parse_spec({**spec_dict, "release_id": release_id, "epsilon": 1.0}))
+    # The same source under several ids on purpose: each is a new release, not "unchanged since the last one".
+    return governed_release(parse_spec({**spec_dict, "release_id": release_id, "epsilon": 1.0, "rerelease_unchanged": True}))
 
 
 def _checkpointed(store: Path) -> None:
