@@ -336,8 +336,13 @@ def _orchestrator_lost(watch) -> bool:
     return watch is not None and watch.lost
 
 
-def _talking_to_prefect_failed(failure: BaseException) -> bool:
-    """Whether ``failure`` (or what caused it) is the Prefect client failing to reach or hear its server."""
+def _talking_to_prefect_failed(failure: BaseException | None) -> bool:
+    """Whether ``failure`` (or what caused it) is the Prefect client failing to reach or hear its server.
+
+    A server error answer counts too: Prefect's SQLite database answers 503 while it is busy and its client
+    gives up after PREFECT_CLIENT_MAX_RETRIES tries; the release itself may have run (or not yet begun), so
+    the store, not the status code, says what happened.
+    """
     import httpx
 
     seen = set()
@@ -345,8 +350,24 @@ def _talking_to_prefect_failed(failure: BaseException) -> bool:
         seen.add(id(failure))
         if isinstance(failure, httpx.TransportError):
             return True
+        if isinstance(failure, httpx.HTTPStatusError) and failure.response.status_code >= 500:
+            return True
         failure = failure.__cause__ or failure.__context__
     return False
+
+
+def _prefect_failure(failure: BaseException) -> str:
+    """A few words on how the Prefect client failed: the server's status code when it answered one."""
+    import httpx
+
+    cause: BaseException | None = failure
+    seen = set()
+    while cause is not None and id(cause) not in seen:
+        seen.add(id(cause))
+        if isinstance(cause, httpx.HTTPStatusError):
+            return f"the Prefect server answered {cause.response.status_code} after the client's retries"
+        cause = cause.__cause__ or cause.__context__
+    return f"the Prefect client failed ({type(failure).__name__})"
 
 
 def _drop_undeliverable() -> None:
@@ -434,7 +455,7 @@ def release(
         if lost is not None and (lost.lost or _talking_to_prefect_failed(failure)):
             if debug:
                 traceback.print_exception(failure, file=sys.stderr)
-            why = "the Prefect server stopped answering" if lost.lost else f"the Prefect client failed ({type(failure).__name__})"
+            why = "the Prefect server stopped answering" if lost.lost else _prefect_failure(failure)
             _told_by_the_store(spec.release_id, started, store_path(), why)
         _crashed(failure, quiet, debug)
     if lost is not None and lost.lost:

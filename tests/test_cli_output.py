@@ -12,6 +12,7 @@ import json
 import os
 import re
 import socket
+import sqlite3
 import subprocess
 import sys
 import time
@@ -364,3 +365,33 @@ def test_kepsilon_check_ends_with_its_verdict_line_and_exit_code(workspace):
     assert code == 0, err
     assert out.strip().splitlines()[-1] == "would publish"
     assert reservations() == before
+
+
+@pytest.mark.heavy
+def test_a_busy_prefect_database_gives_the_stores_line_not_a_traceback(workspace, tmp_path):
+    """A Prefect server whose SQLite database stays locked answers 503 (after its 60 s busy timeout); once
+    the client's retries are used up the CLI says so and what the store holds, in one line, exit 2.
+
+    The lock is a real exclusive transaction on the server's own database file, as a busy shared server
+    under several releases holds it; retries are set to 0 so that one busy timeout is enough. (A client
+    timeout shorter than the busy timeout gives a ReadTimeout instead, told the same way.)
+    """
+    from kepsilon.local_server import prefect_server
+
+    work, env = workspace
+    with prefect_server(tmp_path / "busy-prefect") as server_env:
+        database = sqlite3.connect(tmp_path / "busy-prefect" / "prefect.db", timeout=30, isolation_level=None)
+        try:
+            database.execute("BEGIN EXCLUSIVE")
+            busy = {**env, "PREFECT_API_URL": server_env["PREFECT_API_URL"],
+                    "PREFECT_HOME": server_env["PREFECT_HOME"], "PREFECT_CLIENT_MAX_RETRIES": "0",
+                    "PREFECT_API_REQUEST_TIMEOUT": "180"}  # the server's 60 s busy timeout ends first
+            code, out, err = run(workspace, "--release-id", "cli-busy-prefect", env=busy)
+        finally:
+            database.execute("ROLLBACK")
+            database.close()
+    assert code == 2, err
+    line = _only_line(err, "the Prefect server answered 503")
+    assert 'the audit store says: release "cli-busy-prefect": nothing reserved, recorded or published' in line
+    for text in (out, err):
+        assert "Traceback" not in text, text
