@@ -15,6 +15,7 @@ import numpy as np
 
 import kepsilon
 from kepsilon.flows.spec import ReleaseSpec
+from kepsilon.guarantee import DP_NEIGHBOURS, Guarantee
 
 _LIBRARIES = ("prefect", "numpy", "pandas", "great_expectations", "sqlite-utils", "pydantic", "pyarrow")
 
@@ -102,7 +103,6 @@ def base_manifest(spec: ReleaseSpec, source_report: dict, key: str) -> dict:
     return document
 
 
-DP_NEIGHBOURS = "data sets that differ by one record, added or removed"
 
 
 def dp_parameters(spec: ReleaseSpec) -> dict:
@@ -112,7 +112,7 @@ def dp_parameters(spec: ReleaseSpec) -> dict:
     node is added once known: the spec's, or the DP search's output (``dp.node``). Fields of the
     method's own mode that mean nothing here are None.
     """
-    epsilon_search, epsilon_anonymisation = spec.dp_epsilons()
+    figures = Guarantee.for_spec(spec).parameters()
     return {
         "algorithm": "dp-search" if spec.dp.search is not None else "fixed-node",
         "scale_basis": None,
@@ -123,11 +123,11 @@ def dp_parameters(spec: ReleaseSpec) -> dict:
         "suppression_budget": None,
         "max_linking_risk": None,
         "dp": {
-            "epsilon_search": epsilon_search,
-            "epsilon_anonymisation": epsilon_anonymisation,
-            "beta": spec.dp_beta(),
+            "epsilon_search": figures["epsilon_search"],
+            "epsilon_anonymisation": figures["epsilon_anonymisation"],
+            "beta": figures["beta"],
             "beta_chosen_by": "spec" if spec.dp.beta is not None else "1 - exp(-epsilon_anonymisation)",
-            "delta": spec.dp_delta(),
+            "delta": figures["delta"],
             "max_delta": spec.dp.max_delta,
             "node": dict(spec.dp.node) if spec.dp.node is not None else None,
             "node_chosen_by": "spec" if spec.dp.node is not None else "exponential mechanism (DP search)",

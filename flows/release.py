@@ -34,13 +34,9 @@ from kepsilon.engine.perturb import public_grid
 from kepsilon.engine.predict import draws_for, predict
 from kepsilon.faults import fault_point
 from kepsilon.flows.manifest import base_manifest, idempotency_key, public_manifest, published_groups
-from kepsilon.flows.report import (
-    dp_guarantee_statement,
-    guarantee_statement,
-    publish_figure_artifact,
-    publish_report_artifacts,
-)
+from kepsilon.flows.report import publish_figure_artifact, publish_report_artifacts
 from kepsilon.flows.spec import ReleaseSpec
+from kepsilon.guarantee import Guarantee
 from kepsilon.tasks.certificate import certificate_figures, refuse_risk_over_limits, write_release_certificate
 from kepsilon.tasks.classify import classify_attributes
 from kepsilon.tasks.dp_release import draw_dp_release, plan_dp_release
@@ -315,7 +311,7 @@ def _perturb_check_stage(spec, key, table, partition, reservation, store, record
         raise validation_failure(validation)
 
     grids = {q.column: public_grid(q.lower, q.upper, epsilon) for q, epsilon in zip(spec.roles.e_quasi, spec.epsilon_split().values())}
-    public = with_chain_witness(public_manifest(record, spec, grids, guarantee_statement(spec.scale_basis)), store, key)
+    public = with_chain_witness(public_manifest(record, spec, grids, Guarantee.for_spec(spec).statement()), store, key)
     publication = _stage_publication(record, release, public, output_dir)
     return record, publication, figure_inputs
 
@@ -354,6 +350,6 @@ def _dp_check_stage(spec, key, table, dp_plan, reservation, store, record, outpu
     if not validation.success:
         raise validation_failure(validation)
 
-    public = with_chain_witness(public_manifest(record, spec, {}, dp_guarantee_statement(spec.k, spec.epsilon, record["dp"])), store, key)
+    public = with_chain_witness(public_manifest(record, spec, {}, Guarantee.for_spec(spec).statement()), store, key)
     publication = _stage_publication(record, release, public, output_dir)
     return record, publication, None

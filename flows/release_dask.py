@@ -52,8 +52,9 @@ from kepsilon.flows.release import (
     _run_day,
     unchanged_outcome,
 )
-from kepsilon.flows.report import guarantee_statement, publish_report_artifacts
+from kepsilon.flows.report import publish_report_artifacts
 from kepsilon.flows.spec import ReleaseSpec
+from kepsilon.guarantee import Guarantee
 from kepsilon.tasks.classify import check_roles
 from kepsilon.tasks.errors import SpecError, ValidationFailed
 from kepsilon.tasks.figures import private_report_dir
@@ -492,7 +493,7 @@ def _spend_check_stage(spec, key, plan, table, anonymised, coder, reservation, s
         raise validation_failure(validation)
 
     grids = {q.column: public_grid(q.lower, q.upper, eps) for q, eps in zip(spec.roles.e_quasi, spec.epsilon_split().values())}
-    public = with_chain_witness(public_manifest(record, spec, grids, guarantee_statement(spec.scale_basis)), store, key)
+    public = with_chain_witness(public_manifest(record, spec, grids, Guarantee.for_spec(spec).statement()), store, key)
     write_file(staging / MANIFEST, manifest_bytes({**public, "outputs": outputs}))
     _fsync_directory(staging / DATASET)
     _fsync_directory(staging)

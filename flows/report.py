@@ -7,6 +7,7 @@ from pathlib import Path
 
 from prefect.artifacts import create_markdown_artifact, create_table_artifact
 
+from kepsilon.guarantee import Guarantee
 from kepsilon.tasks.figures import Figure, markdown_image
 
 
@@ -93,66 +94,8 @@ def markdown_report(manifest: dict) -> str:
     lines += [f"| {row['measure']} | {row['value']} |" for row in summary_rows(manifest)]
     lines += ["", "## Checks", ""]
     lines += [f"- {'✅' if c['success'] else '❌'} `{c['name']}`" for c in manifest.get("checks", [])]
-    guarantee = (
-        dp_guarantee_statement(manifest["k"], manifest["epsilon"], manifest["dp"])
-        if manifest.get("privacy_model") == "dp"
-        else guarantee_statement(manifest["scale_basis"])
-    )
-    lines += ["", "## Guarantee", "", guarantee]
+    lines += ["", "## Guarantee", "", Guarantee.from_record(manifest).statement()]
     return "\n".join(lines)
-
-
-def guarantee_statement(scale_basis: str) -> str:
-    """What the release does and does not guarantee (method.md §7), stated for its scale basis.
-
-    The same text goes into the public manifest, the report and the README's guarantees.
-    """
-    if scale_basis == "bounds":
-        noise = (
-            "Noise scale from public bounds: given the partition, the ε-quasis are ε-differentially private "
-            "(Laplace noise of scale (upper − lower)/ε per record, values clamped to the bounds, outputs rounded "
-            "to a public grid; confidence suppression is not applied because it would read the true values). "
-            "The partition (Mondrian's cuts or OLA's node) is computed from the private data, so the release "
-            "as a whole is not ε-DP."
-        )
-    else:
-        noise = (
-            "Noise scale from each class's diameter (the paper's method): records are indistinguishable on their "
-            "ε-quasis inside their equivalence class against an adversary who knows the quasi-identifiers. The "
-            "scale, the partition and confidence suppression read the private data, so the release is not "
-            "ε-differentially private; a class whose members share one value (zero diameter) publishes that "
-            "value exactly. The ε summed in the ledger for such releases is bookkeeping, not DP composition: "
-            "re-releases with fresh noise can be averaged."
-        )
-    return (
-        f"k-anonymity on the published k-quasi labels, which are nodes of public hierarchies. {noise} "
-        "Sensitive attributes are published as they are: a group whose members share one sensitive value "
-        "discloses it (homogeneity attack). Re-releasing the same people with a different partition allows "
-        "intersection attacks."
-    )
-
-
-def dp_guarantee_statement(k: int, epsilon: float, dp: dict) -> str:
-    """What a DP-mode release guarantees, with its numbers, and what it does not cover (docs/dp-mode.md).
-
-    The same text goes into the public manifest and the report.
-    """
-    search = (
-        f"the node was chosen by the exponential mechanism on the full data (ε_search = {dp['epsilon_search']:g}), "
-        if dp["epsilon_search"] > 0
-        else "the node was fixed in the spec, without looking at the data, "
-    )
-    return (
-        f"({epsilon:g}, {dp['delta']:.3g})-differential privacy for each record, between data sets that differ by one "
-        f"record added or removed: {search}every record was sampled with probability β = {dp['beta']:.4g}, and every "
-        f"group of sampled records sharing all released labels was suppressed when smaller than k = {k} (Li, Qardaji "
-        f"and Su 2012: (ε_anon = {dp['epsilon_anonymisation']:g}, δ)-DP; sequential composition with the search). "
-        "Every released column is part of the group key and is published at a level of a public hierarchy, or as "
-        "read for a sensitive column at level 0; nothing is noised and no suppression reads a value beyond its "
-        "group's size. δ bounds the probability of outputs the ε bound does not hold for. Not covered: the schema "
-        "(column names, roles and types), the public hierarchies, and the decision to release at all; releases of "
-        "the same people compose: their ε and δ add up (the ledger's DP total)."
-    )
 
 
 def publish_report_artifacts(manifest: dict) -> None:

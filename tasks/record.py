@@ -20,6 +20,7 @@ from kepsilon.audit.records import record_release
 from kepsilon.audit.seeds import find_sealed_seed, seal_seed, seed_commitment, unseal_seed
 from kepsilon.audit.store import ENV_PATH, open_store, store_path
 from kepsilon.flows.spec import ReleaseSpec
+from kepsilon.guarantee import Guarantee
 
 
 def store_location() -> str:
@@ -66,15 +67,16 @@ def reserve_epsilon(spec: ReleaseSpec, key: str, operator: str, store: str, mani
     release (same idempotency key) gets its existing reservation back and spends nothing more.
     """
     db = open_store(store)
+    charge = Guarantee.for_spec(spec).charge()
     try:
         return reserve(
             db,
             population_id=spec.population_id,
-            epsilon=spec.epsilon,
+            epsilon=charge.epsilon,
             idempotency_key=key,
             release_id=spec.release_id,
             operator=operator,
-            delta=spec.dp_delta() if spec.privacy_model == "dp" else None,
+            delta=charge.delta,
         )
     except BudgetExceeded as refusal:
         record_release(db, {**manifest, "refusal": str(refusal)}, outcome="refused", reservation_id=None)
