@@ -56,7 +56,7 @@ def seed(run: int) -> bytes:
 
 
 def variant(base: dict, **search) -> object:
-    """The shipped spec with its search replaced (ε_search stays 0.1, so k and δ are unchanged)."""
+    """The shipped spec with its search replaced (k stays; δ follows ε_anon and stays within max_delta)."""
     return parse_spec({**base, "dp": {**base["dp"], "search": {**base["dp"]["search"], **search}}})
 
 
@@ -75,11 +75,12 @@ def arx_granularity(table: pd.DataFrame, dp_plan, node: dict, records_in: int) -
 
 
 def run_release(frame: pd.DataFrame, spec, run: int) -> dict:
-    """One DP stage as the release runs it, timed, and its measures."""
+    """One DP stage as the release runs it, timed (wall clock, and this process's CPU time, which a
+    loaded machine inflates less), and its measures."""
     dp_plan = plan(frame, spec)
-    started = time.perf_counter()
+    started, cpu = time.perf_counter(), time.process_time()
     table, node, report = mechanism(frame, dp_plan, spec, dp_generators(seed(run)))
-    seconds = time.perf_counter() - started
+    seconds, cpu_seconds = time.perf_counter() - started, time.process_time() - cpu
     loss = precision_loss(list(node.values()), dp_plan.heights)
     return {
         "published": report["rows_published"],
@@ -87,6 +88,8 @@ def run_release(frame: pd.DataFrame, spec, run: int) -> dict:
         "arx_granularity": arx_granularity(table, dp_plan, node, len(frame)),
         "granularity": (1 - loss) * report["rows_published"] / report["rows_in"],
         "seconds": seconds,
+        "cpu_seconds": cpu_seconds,
+        "nodes_scored": report.get("search", {}).get("nodes_scored"),
         "node": tuple(node.values()),
     }
 
@@ -102,6 +105,9 @@ def summary(runs: list[dict]) -> dict:
         "min_arx_granularity": min(r["arx_granularity"] for r in runs),
         "mean_granularity": statistics.mean(r["granularity"] for r in runs),
         "seconds": statistics.mean(r["seconds"] for r in runs),
+        "cpu_seconds": statistics.mean(r["cpu_seconds"] for r in runs),
+        "nodes_scored": statistics.mean(r["nodes_scored"] for r in runs),
+        "published": [r["published"] for r in runs],
         "nodes": [list(r["node"]) for r in runs],
     }
 
@@ -145,7 +151,7 @@ def budget_sweep(frame: pd.DataFrame, spec) -> dict:
 def line(name: str, s: dict) -> str:
     return (f"| {name} | {s['mean_published']:,.0f} ({s['min_published']:,}–{s['max_published']:,}) "
             f"| {100 * s['mean_suppressed_share']:.1f} % | {s['mean_arx_granularity']:.4f} | {s['mean_granularity']:.4f} "
-            f"| {s['seconds']:.2f} |")
+            f"| {s['seconds']:.2f} ({s['cpu_seconds']:.2f}) | {s['nodes_scored']:,.0f} |")
 
 
 def main() -> None:
@@ -153,22 +159,25 @@ def main() -> None:
     base = shipped.model_dump(mode="json")
     source = read_source(shipped.source)
     frame = classify(source.frame, shipped).frame
-    cases = {f"exhaustive, {name}" + (" (releases/adult-dp.yaml)" if name == shipped.dp.search.quality else ""):
-             variant(base, quality=name) for name in ("balanced", "granularity", "precision", "records")}
-    height = plan(frame, shipped).report()["lattice_height"]
-    cases[f"walk, balanced, {height} steps (default)"] = variant(base, strategy="walk")
-    cases["walk, balanced, 111 steps"] = variant(base, strategy="walk", steps=111)
+    epsilon_search = shipped.dp.search.epsilon
+    steps = plan(frame, shipped).steps
+    cases = {f"{shipped.dp.search.strategy}, {shipped.dp.search.quality}, ε_search {epsilon_search:g}"
+             + (f", {steps} steps" if steps else "") + " (releases/adult-dp.yaml)": shipped}
+    for name in ("balanced", "granularity", "precision", "records"):
+        cases[f"exhaustive, {name}, ε_search {epsilon_search:g}"] = variant(base, strategy="exhaustive", steps=None, quality=name)
+    cases[f"walk, balanced, ε_search {epsilon_search:g}, 111 steps (SafePub's)"] = variant(base, strategy="walk", steps=111)
+    cases[f"walk, balanced, ε_search 0.1 (SafePub's split), {steps} steps"] = variant(base, strategy="walk", epsilon=0.1)
+    cases["exhaustive, balanced, ε_search 0.1 (SafePub's split)"] = variant(base, strategy="exhaustive", steps=None, epsilon=0.1)
     results = {name: summary([run_release(frame, spec, r) for r in range(RUNS)]) for name, spec in cases.items()}
 
-    print(f"UCI Adult, {len(frame):,} records, ε = 1 (ε_search 0.1), δ ≤ 1e-6, k = {shipped.k}; "
-          f"mean over {RUNS} seeds (range)\n")
-    print("| strategy, quality model | records published | suppressed (share of sample) | ARX Granularity "
-          "| kepsilon granularity | DP stage (s) |")
-    print("|---|---:|---:|---:|---:|---:|")
+    print(f"UCI Adult, {len(frame):,} records, ε = 1, δ ≤ 1e-6, k = {shipped.k}; mean over {RUNS} seeds (range)\n")
+    print("| strategy, quality model, ε_search | records published | suppressed (share of sample) | ARX Granularity "
+          "| kepsilon granularity | DP stage, s (CPU s) | nodes scored |")
+    print("|---|---:|---:|---:|---:|---:|---:|")
     for name, s in results.items():
         print(line(name, s))
     for name, s in SAFEPUB.items():
-        print(f"| {name} | {s['mean_published']:,} | | {s['arx_granularity']:.4f} | | |")
+        print(f"| {name} | {s['mean_published']:,} | | {s['arx_granularity']:.4f} | | | |")
     print("\nNodes chosen (levels in the order of the spec's columns):")
     for name, s in results.items():
         counts = pd.Series([tuple(n) for n in s["nodes"]]).value_counts()
@@ -185,7 +194,7 @@ def main() -> None:
     exhaustive = sweep["exhaustive"]
     print(f"| exhaustive | {exhaustive['expected_published']:,.0f} | | {exhaustive['expected_arx_granularity']:.4f} |")
 
-    document = {"records_in": len(frame), "k": shipped.k, "epsilon": shipped.epsilon, "epsilon_search": 0.1,
+    document = {"records_in": len(frame), "k": shipped.k, "epsilon": shipped.epsilon, "epsilon_search": epsilon_search,
                 "delta": shipped.dp_delta(), "runs": RUNS, "strategies": results, "safepub": SAFEPUB,
                 "walk_budget_sweep": sweep}
     temporary = JSON_OUT.with_suffix(".json.tmp")
