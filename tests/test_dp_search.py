@@ -322,5 +322,10 @@ def test_the_walk_s_final_draw_chooses_among_every_node_seen_not_only_the_pivots
     table = tiny_table(rng, 60)
     scorer = NodeScorer(table, quality("records"), 3, 0.5)
     results = [dp_search(scorer, 0.5, 1, rng) for _ in range(400)]
-    assert any(r.node not in {top_node(table.heights), *r.path} for r in results)
-    assert all(r.node in {top_node(table.heights), *specialisations(top_node(table.heights))} for r in results)
+    top = top_node(table.heights)
+    assert any(r.node not in {top, *r.path} for r in results)
+    assert all(r.node in {top, *specialisations(top)} for r in results)
+    longer = dp_search(scorer, 0.5, 3, rng)
+    pivots = (top, *longer.path)
+    assert set(longer.final_candidates) == set(pivots) | {n for pivot in pivots[:-1] for n in specialisations(pivot)}
+    assert len(longer.final_candidates) == len(set(longer.final_candidates)) and longer.node in longer.final_candidates

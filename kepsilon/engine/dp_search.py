@@ -148,11 +148,14 @@ def specialisations(node) -> list[tuple[int, ...]]:
 @dataclass(frozen=True)
 class SearchResult:
     """The node the search chose, the pivots of the walk in order (each a DP output; the exhaustive
-    search's is the node alone), and how many distinct nodes were scored."""
+    search's is the node alone), how many distinct nodes were scored, and the final draw's candidates
+    in their order (a function of the pivots only; empty for the exhaustive search, whose candidates
+    are the whole lattice)."""
 
     node: tuple[int, ...]
     path: tuple[tuple[int, ...], ...]
     nodes_scored: int
+    final_candidates: tuple[tuple[int, ...], ...] = ()
 
 
 class NodeScorer:
@@ -411,7 +414,7 @@ def dp_search(scorer: NodeScorer, epsilon: float, steps: int, rng: np.random.Gen
     # Every node seen, in the order first seen (a function of the earlier draws' outputs only).
     seen_scores = np.array([scorer.score(node) for node in seen])
     node = seen[exponential_mechanism(seen_scores, final, scorer.sensitivity, rng, monotone=True)]
-    return SearchResult(node=node, path=tuple(pivots[1:]), nodes_scored=len(scorer.scored))
+    return SearchResult(node=node, path=tuple(pivots[1:]), nodes_scored=len(scorer.scored), final_candidates=tuple(seen))
 
 
 def sample_and_anonymise(table: CodedTable, node, k: int, beta: float, rng: np.random.Generator) -> tuple[np.ndarray, np.ndarray]:
