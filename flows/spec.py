@@ -280,16 +280,16 @@ class DPSearch(FormModel):
     strategy: Literal["exhaustive", "walk"] = Field(
         default="exhaustive",
         description="exhaustive: one draw among every node of the lattice (up to 100,000 nodes); "
-        "walk: SafePub's walk from the top, `steps` draws among every node seen, then one among the pivots (any lattice size)",
+        "walk: SafePub's walk from the top, `steps` draws among every node seen, then one among every node seen (any lattice size)",
     )
     steps: Annotated[int, Field(ge=1)] | SkipJsonSchema[None] = Field(
-        default=None, description="walk only: its steps (each draws among every node seen, with ε_search/(2·steps); a last draw with ε_search/2 chooses among the pivots); default: the lattice's height"
+        default=None, description="walk only: its steps (each draws the next pivot among every node seen, with ε_search/10/steps; a last draw with 9·ε_search/10 chooses among every node seen); default: 8 × the lattice's height, at most its size − 1"
     )
     quality: Literal["balanced", "granularity", "precision", "records"] = Field(
         default="balanced",
         description="what the search maximises, in expectation over the sampling: granularity (labels' share of "
         "their hierarchy's leaves, ARX's Loss), precision (levels), records (published records only), or balanced "
-        "(a fifth records, four fifths granularity)",
+        "(a quarter records, three quarters granularity)",
     )
 
     @model_validator(mode="after")

@@ -158,7 +158,7 @@ def exhaustive_probabilities(table, model, k, beta, epsilon, sensitivity=None) -
 
 def walk_probabilities(table, model, k, beta, epsilon, steps, sensitivity=None) -> dict:
     """Exact probability of every output of the walk: its pivots in order and the final draw among
-    them (everything the search's randomness decides), enumerated path by path."""
+    every node seen (everything the search's randomness decides), enumerated path by path."""
     scorer = NodeScorer(table, model, k, beta)
     sensitivity = sensitivity or scorer.sensitivity
     each, final = walk_budget(epsilon, steps)
@@ -181,7 +181,10 @@ def walk_probabilities(table, model, k, beta, epsilon, steps, sensitivity=None) 
         paths = longer
     outputs = {}
     for path, probability in paths.items():
-        for chosen, p in zip(path, probabilities(list(path), final)):
+        # Seen: the top, the pivots, and the specialisations of every pivot but the last (whose own
+        # would be added at a next step).
+        seen = sorted(set(path) | {node for pivot in path[:-1] for node in specialisations(pivot)})
+        for chosen, p in zip(seen, probabilities(seen, final)):
             outputs[path + (chosen,)] = probability * p
     return outputs
 
@@ -297,3 +300,32 @@ def test_sampled_and_anonymised_records_form_no_group_below_k():
     assert (suppressed < 40).all()
     with pytest.raises(ValueError, match="outside"):
         sample_and_anonymise(table, (3, 0), 40, 0.5, rng)
+
+
+def test_a_table_whose_keys_overflow_an_int64_is_scored_by_the_slower_grouping_alike():
+    """Codes up to 2^21 in three columns: the mixed-radix key would leave int64, so nodes are grouped by
+    ``combine_codes``; the score is still the expectation computed independently."""
+    rng = np.random.default_rng(14)
+    rows = 60
+    wide = [rng.choice([0, 1, 2**21], rows) for _ in range(3)]
+    table = CodedTable(levels=tuple((codes, np.zeros(rows, dtype=np.int64)) for codes in wide))
+    model = QualityModel("records", tuple(records_losses([2**21 + 1, 1]) for _ in range(3)))
+    scorer = NodeScorer(table, model, 3, 0.5)
+    for node in all_nodes(table.heights):
+        frame = pd.DataFrame({c: table.levels[c][level] for c, level in enumerate(node)})
+        sizes = frame.groupby(list(frame.columns)).size().to_numpy()
+        assert scorer.score(node) == pytest.approx(expected_published(sizes, 3, 0.5).sum(), rel=1e-12)
+
+
+def test_the_walk_s_final_draw_chooses_among_every_node_seen_not_only_the_pivots():
+    rng = np.random.default_rng(15)
+    table = tiny_table(rng, 60)
+    scorer = NodeScorer(table, quality("records"), 3, 0.5)
+    results = [dp_search(scorer, 0.5, 1, rng) for _ in range(400)]
+    top = top_node(table.heights)
+    assert any(r.node not in {top, *r.path} for r in results)
+    assert all(r.node in {top, *specialisations(top)} for r in results)
+    longer = dp_search(scorer, 0.5, 3, rng)
+    pivots = (top, *longer.path)
+    assert set(longer.final_candidates) == set(pivots) | {n for pivot in pivots[:-1] for n in specialisations(pivot)}
+    assert len(longer.final_candidates) == len(set(longer.final_candidates)) and longer.node in longer.final_candidates

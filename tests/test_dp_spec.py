@@ -128,7 +128,14 @@ def test_the_plan_refuses_before_any_epsilon_what_the_hierarchies_forbid(adult):
     searched = parse_spec(with_dp(node=None, search={"epsilon": 0.1}))
     assert plan(table.frame, searched).report()["lattice_nodes"] == 2 * 2 * 3 * 4 * 5
     walk = plan(table.frame, parse_spec(with_dp(node=None, search={"epsilon": 0.1, "strategy": "walk"})))
-    assert walk.steps == 1 + 1 + 2 + 3 + 4  # the lattice's height
+    assert walk.steps == 8 * (1 + 1 + 2 + 3 + 4)  # eight steps per level of the lattice's height
+    # On a lattice of four nodes (sex and race, two levels each; the other columns explicit or sensitive)
+    # eight steps per level would be 16: the default stops at the three nodes below the top.
+    small = with_dp(node=None, search={"epsilon": 0.1, "strategy": "walk"})
+    small["roles"]["explicit"] += ["marital-status", "education", "age"]
+    small["roles"]["k_quasi"] = small["roles"]["k_quasi"][:2]
+    small["roles"]["e_quasi"] = []
+    assert plan(table.frame, parse_spec(small)).steps == 2 * 2 - 1
     assert walk.report()["search_quality"] == "balanced"  # the default quality model
     # A walk cannot take more steps than the lattice has nodes besides the top: refused before ε.
     too_long = with_dp(node=None, search={"epsilon": 0.1, "strategy": "walk", "steps": 2 * 2 * 3 * 4 * 5})

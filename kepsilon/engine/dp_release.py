@@ -141,12 +141,18 @@ def _from_file(spec, column: str) -> bool:
     return isinstance(entry.hierarchy, str)
 
 
-# Scoring a node groups the whole table once (about 1.5 ms on Adult): 100,000 nodes is minutes.
+# The exhaustive search scores every node (about 0.35 ms of CPU each on Adult, rolled up layer by layer;
+# 0.5 ms alone): 100,000 nodes of a larger table is minutes.
 MAX_EXHAUSTIVE_NODES = 100_000
+# The walk's default steps per level of the lattice's height: on Adult (height 17, so 136 steps) the
+# final draw then chooses among about 700 nodes, and does about as well as the exhaustive search
+# (docs/dp-mode.md, §6); the lattice's height alone (SafePub's order of steps) stays near the top.
+WALK_STEPS_PER_LEVEL = 8
 
 
 def _search_plan(spec, heights) -> tuple[str | None, int | None]:
-    """The search's strategy and the walk's steps (default: the lattice's height, at least one).
+    """The search's strategy and the walk's steps (default: ``WALK_STEPS_PER_LEVEL`` × the lattice's
+    height, at most its size − 1, at least one).
 
     Refused before any ε: the exhaustive search on a lattice too large to score node by node, and a
     walk with more steps than it can take (each step makes a new pivot, so at most lattice size − 1
@@ -162,7 +168,7 @@ def _search_plan(spec, heights) -> tuple[str | None, int | None]:
                 f"the lattice has {size} nodes, more than {MAX_EXHAUSTIVE_NODES} to score one by one; use strategy walk",
             )
         return "exhaustive", None
-    steps = spec.dp.search.steps or max(1, lattice_height(heights))
+    steps = spec.dp.search.steps or max(1, min(WALK_STEPS_PER_LEVEL * lattice_height(heights), size - 1))
     if steps > size - 1:
         raise SpecError(
             "dp.search.steps",

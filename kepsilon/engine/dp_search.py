@@ -14,9 +14,9 @@ sampling (``NodeScorer``, ``kepsilon.engine.dp_quality``: a monotone score of pu
 the exponential mechanism runs as ∝ exp(ε·u/Δ)). ``dp_exhaustive_search`` draws the node once among
 every node of the lattice, with all of ε_search, every node's groups rolled up from a finer node's
 (``lattice_layers``). ``dp_search`` (after SafePub) walks the lattice from its top: each of ``steps``
-draws (ε_search/(2·steps) each) chooses the next pivot among every node seen so far, and a last draw
-(ε_search/2) chooses the output among the pivots. Each draw's candidates depend only on earlier
-draws' outputs, so the search is ε_search-DP by adaptive sequential composition.
+draws (ε_search/10/steps each) chooses the next pivot among every node seen so far, and a last draw
+(9·ε_search/10) chooses the output among every node seen. Each draw's candidates depend only on
+earlier draws' outputs, so the search is ε_search-DP by adaptive sequential composition.
 """
 
 import itertools
@@ -148,11 +148,14 @@ def specialisations(node) -> list[tuple[int, ...]]:
 @dataclass(frozen=True)
 class SearchResult:
     """The node the search chose, the pivots of the walk in order (each a DP output; the exhaustive
-    search's is the node alone), and how many distinct nodes were scored."""
+    search's is the node alone), how many distinct nodes were scored, and the final draw's candidates
+    in their order (a function of the pivots only; empty for the exhaustive search, whose candidates
+    are the whole lattice)."""
 
     node: tuple[int, ...]
     path: tuple[tuple[int, ...], ...]
     nodes_scored: int
+    final_candidates: tuple[tuple[int, ...], ...] = ()
 
 
 class NodeScorer:
@@ -170,12 +173,13 @@ class NodeScorer:
         self.expected = expected_published_table(records, k, beta)
         self.sensitivity = expected_publication_sensitivity(k, beta) * quality.largest_weight
         self.scored: dict[tuple[int, ...], float] = {}
+        self._keys = _NodeKeys.of(table)
 
     def score(self, node) -> float:
         """u(D, node), cached (the walk asks for a node more than once)."""
         node = self.table.check_node(node)
         if node not in self.scored:
-            rows, sizes = _groups_of(self.table, node)
+            rows, sizes = _groups_of(self.table, node) if self._keys is None else self._keys.groups(node)
             codes = [self.table.levels[c][level][rows] for c, level in enumerate(node)]
             self.scored[node] = float((self.expected[sizes] * self.quality.group_weights(node, codes)).sum())
         return self.scored[node]
@@ -191,6 +195,42 @@ class NodeScorer:
         self.scored.update(scores)
         nodes = all_nodes(self.table.heights)
         return nodes, np.array([scores[node] for node in nodes])
+
+
+@dataclass(frozen=True)
+class _NodeKeys:
+    """Every row's group key at any node as one int64: a mixed-radix sum over the columns' codes at
+    the node's levels (the fixed columns' combined code first), hashed rather than sorted. Scoring
+    one node so costs a few passes over the rows, which is what a walk does hundreds of times."""
+
+    codes: tuple[tuple[np.ndarray, ...], ...]
+    fixed: np.ndarray
+    strides: tuple[int, ...]
+    weights: np.ndarray
+
+    @classmethod
+    def of(cls, table: CodedTable) -> "_NodeKeys | None":
+        """None when the keys would not fit in an int64 (then nodes are grouped by ``combine_codes``)."""
+        fixed = combine_codes(list(table.fixed)) if table.fixed else np.zeros(table.rows, dtype=np.int64)
+        strides, space = [], int(fixed.max()) + 1 if table.rows else 1
+        for column in table.levels:
+            strides.append(space)
+            space *= max(int(level.max()) + 1 if len(level) else 1 for level in column)
+        if space >= _KEY_LIMIT:
+            return None
+        weights = np.ones(table.rows) if table.weights is None else table.weights.astype(np.float64)
+        codes = tuple(tuple(np.asarray(level, dtype=np.int64) for level in column) for column in table.levels)
+        return cls(codes=codes, fixed=fixed, strides=tuple(strides), weights=weights)
+
+    def groups(self, node) -> tuple[np.ndarray, np.ndarray]:
+        """(a representative row, records) of every group at ``node``."""
+        key = self.fixed.copy()
+        for stride, (column, level) in zip(self.strides, enumerate(node)):
+            key += self.codes[column][level] * stride
+        ids, uniques = pd.factorize(key)
+        first = np.empty(len(uniques), dtype=np.int64)
+        first[ids[::-1]] = np.arange(len(ids) - 1, -1, -1)  # the last write per group is its first row
+        return first, np.bincount(ids, weights=self.weights, minlength=len(uniques)).round().astype(np.int64)
 
 
 def _groups_of(table: CodedTable, node) -> tuple[np.ndarray, np.ndarray]:
@@ -326,9 +366,13 @@ def dp_exhaustive_search(scorer: NodeScorer, epsilon: float, rng: np.random.Gene
     return SearchResult(node=node, path=(node,), nodes_scored=len(nodes))
 
 
+# The walk's final draw keeps this share of ε_search whatever the step count; the steps share the rest.
+WALK_FINAL_SHARE = 0.9
+
+
 def walk_budget(epsilon: float, steps: int) -> tuple[float, float]:
-    """(ε of each step, ε of the final draw): half of ε over the steps, half on the final draw."""
-    return epsilon / (2 * steps), epsilon / 2
+    """(ε of each step, ε of the final draw): a tenth of ε over the steps, nine tenths on the final draw."""
+    return epsilon * (1 - WALK_FINAL_SHARE) / steps, epsilon * WALK_FINAL_SHARE
 
 
 def dp_search(scorer: NodeScorer, epsilon: float, steps: int, rng: np.random.Generator) -> SearchResult:
@@ -336,25 +380,28 @@ def dp_search(scorer: NodeScorer, epsilon: float, steps: int, rng: np.random.Gen
 
     From the top node (the first pivot), each of ``steps`` draws chooses the next pivot among every
     node seen so far that is not a pivot yet (the direct specialisations of all pivots: SafePub's
-    candidate set), with ε/(2·steps) each; a last draw, with ε/2, chooses the output among all the
-    pivots. Each draw is an exponential mechanism over a candidate set that depends only on earlier
-    draws' outputs, so the walk, path and output together, is ε-DP by adaptive sequential
-    composition. A step with no candidate left (the whole lattice visited) draws nothing.
+    candidate set), with ε/10/steps each; a last draw, with 9ε/10, chooses the output among *every
+    node seen* (the pivots and the candidates left). Each draw is an exponential mechanism over a
+    candidate set that depends only on earlier draws' outputs, so the walk, path and output
+    together, is ε-DP by adaptive sequential composition. A step with no candidate left (the whole
+    lattice visited) draws nothing.
     """
     if isinstance(steps, bool) or not isinstance(steps, (int, np.integer)) or steps < 1:
         raise ValueError("steps must be an integer of at least 1")
     each, final = walk_budget(epsilon, steps)
 
     pivot = top_node(scorer.table.heights)
-    pivots, seen = [pivot], {pivot}
+    pivots, seen = [pivot], [pivot]
+    known = {pivot}
     # The candidates, in an order that depends only on earlier outputs (a removed one's place is
     # taken by the last), with their scores alongside for the draws.
     candidates: list[tuple[int, ...]] = []
     scores = np.empty(lattice_size(scorer.table.heights))
     for _ in range(steps):
         for node in specialisations(pivot):
-            if node not in seen:
-                seen.add(node)
+            if node not in known:
+                known.add(node)
+                seen.append(node)
                 scores[len(candidates)] = scorer.score(node)
                 candidates.append(node)
         if not candidates:
@@ -364,9 +411,10 @@ def dp_search(scorer: NodeScorer, epsilon: float, steps: int, rng: np.random.Gen
         candidates[chosen], scores[chosen] = candidates[-1], scores[len(candidates) - 1]
         candidates.pop()
         pivots.append(pivot)
-    pivot_scores = np.array([scorer.score(node) for node in pivots])
-    node = pivots[exponential_mechanism(pivot_scores, final, scorer.sensitivity, rng, monotone=True)]
-    return SearchResult(node=node, path=tuple(pivots[1:]), nodes_scored=len(scorer.scored))
+    # Every node seen, in the order first seen (a function of the earlier draws' outputs only).
+    seen_scores = np.array([scorer.score(node) for node in seen])
+    node = seen[exponential_mechanism(seen_scores, final, scorer.sensitivity, rng, monotone=True)]
+    return SearchResult(node=node, path=tuple(pivots[1:]), nodes_scored=len(scorer.scored), final_candidates=tuple(seen))
 
 
 def sample_and_anonymise(table: CodedTable, node, k: int, beta: float, rng: np.random.Generator) -> tuple[np.ndarray, np.ndarray]:
