@@ -30,6 +30,8 @@ import sqlite_utils
 
 from kepsilon.tasks.errors import KepsilonError, SpecError
 
+from .principals import authorise, is_signed, record_signature
+from .signing import SignedAct
 from .store import append, ensure_population, now, require_text, write_transaction
 
 NANO = 10**9
@@ -326,7 +328,7 @@ def reserve(
             return _as_reservation(conn, existing, reused=True)
         ensure_population(conn, population_id, operator)
         cap = _cap_nano(conn, population_id)
-        if cap is None:
+        if cap is None and not is_signed(conn):  # a store with principals takes caps signed by an officer only
             cap = _default_cap(conn, population_id)
             if cap is None:
                 raise CapMissing(population_id, from_nano(nano))
@@ -422,28 +424,39 @@ def void(db: sqlite_utils.Database, reservation_id: int, reason: str, *, actor: 
         )
 
 
+def cap_fields(population_id: str, cap: float, reason: str, delta: float | None = None) -> dict:
+    """What an officer signs to set a cap (``principals.make_act``): population, ε and δ asked for, reason."""
+    if delta is not None:
+        require_delta_cap("delta", delta)
+    return {
+        "population_id": require_text("population_id", population_id),
+        "nano_epsilon": to_nano("cap", cap, round_up=False),
+        "atto_delta": None if delta is None else to_atto("delta", delta, round_up=False),
+        "reason": require_text("reason", reason),
+    }
+
+
 def set_cap(
-    db: sqlite_utils.Database, population_id: str, cap: float, by: str, reason: str, *, delta: float | None = None
+    db: sqlite_utils.Database, population_id: str, cap: float, by: str | None, reason: str, *, delta: float | None = None,
+    signed: SignedAct | None = None,
 ) -> int:
     """Set the population's lifetime caps (a new attributed entry; the latest one counts). Returns its id.
 
     ``cap`` limits ε over every release; ``delta`` limits δ over the DP mode's releases. Without
     ``delta`` the new entry keeps the δ cap in force (none if there was none), so changing the ε cap
     never lifts a δ cap by omission. A cap below what is already in use is recorded too: it simply
-    admits nothing more.
+    admits nothing more. In a store with principals the cap must be ``signed`` by an officer's or an
+    admin's key over ``cap_fields`` (``principals.authorise``) and is attributed to the key's holder.
     """
-    population_id = require_text("population_id", population_id)
-    by = require_text("by", by)
-    reason = require_text("reason", reason)
-    nano = to_nano("cap", cap, round_up=False)
-    if delta is not None:
-        require_delta_cap("delta", delta)
-    atto = None if delta is None else to_atto("delta", delta, round_up=False)
+    fields = cap_fields(population_id, cap, reason, delta)
+    population_id, nano, atto, reason = fields["population_id"], fields["nano_epsilon"], fields["atto_delta"], fields["reason"]
     with write_transaction(db) as conn:
+        authorised = authorise(conn, "set-cap", signed, fields, by=by)
+        by = authorised.name if authorised else require_text("by", by)
         ensure_population(conn, population_id, by)
         if atto is None:
             atto = _delta_cap_atto(conn, population_id)
-        return append(
+        row = append(
             conn,
             "ledger",
             {
@@ -456,6 +469,8 @@ def set_cap(
                 "atto_delta": atto,
             },
         )
+        record_signature(conn, authorised, "ledger", row)
+        return row
 
 
 def budget(db: sqlite_utils.Database, population_id: str, since: str | None = None) -> dict:
