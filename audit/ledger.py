@@ -286,6 +286,21 @@ def _default_cap(conn, population_id: str) -> int | None:
     return nano
 
 
+def release_fields(
+    population_id: str, epsilon: float, idempotency_key: str, release_id: str, delta: float | None, spec_hash: str | None
+) -> dict:
+    """What a steward signs to reserve a release's budget (``principals.make_act``): population, release id,
+    idempotency key, ε and δ as charged, and the spec hash the approval was given for."""
+    return {
+        "population_id": require_text("population_id", population_id),
+        "release_id": require_text("release_id", release_id),
+        "idempotency_key": require_text("idempotency_key", idempotency_key),
+        "nano_epsilon": to_nano("epsilon", epsilon, round_up=True),
+        "atto_delta": None if delta is None else to_atto("delta", delta, round_up=True),
+        "spec_hash": spec_hash,
+    }
+
+
 def reserve(
     db: sqlite_utils.Database,
     *,
@@ -295,6 +310,8 @@ def reserve(
     release_id: str,
     operator: str,
     delta: float | None = None,
+    spec_hash: str | None = None,
+    signed: SignedAct | None = None,
 ) -> Reservation:
     """Reserve ε (and, for a DP-mode release, δ) for one logical release, or return its existing
     reservation (``reused=True``, no new spend).
@@ -304,7 +321,8 @@ def reserve(
     with ``BudgetExceeded`` when ε cap − ε in use < ε; with ``DeltaBudgetExceeded`` when δ would pass the
     δ cap or take the DP total to 1; with ``CapMissing`` when the population has no cap and env
     KEPSILON_DEFAULT_CAP is unset; with ``IdempotencyConflict`` when the key already reserved for
-    another population, ε or δ.
+    another population, ε or δ. In a store with principals a new reservation must be ``signed`` by the
+    operator, a steward, over ``release_fields`` (``SignatureRefused`` otherwise); a reused one needs nothing.
     """
     population_id = require_text("population_id", population_id)
     idempotency_key = require_text("idempotency_key", idempotency_key)
@@ -326,6 +344,8 @@ def reserve(
                     "already reserved for another population, another ε or another δ; a changed release needs a new key"
                 )
             return _as_reservation(conn, existing, reused=True)
+        fields = release_fields(population_id, epsilon, idempotency_key, release_id, delta, spec_hash)
+        authorised = authorise(conn, "release", signed, fields, by=operator)
         ensure_population(conn, population_id, operator)
         cap = _cap_nano(conn, population_id)
         if cap is None and not is_signed(conn):  # a store with principals takes caps signed by an officer only
@@ -351,6 +371,7 @@ def reserve(
                 "atto_delta": atto,
             },
         )
+        record_signature(conn, authorised, "ledger", rid)
         return Reservation(
             rid, population_id, idempotency_key, release_id, from_nano(nano), "reserved", False, nano, from_atto(atto), atto
         )
