@@ -226,6 +226,27 @@ def test_a_signed_checkpoint_file_is_verified_and_an_unsigned_or_altered_one_is_
     del data["signature"]
     (tmp_path / "bare.json").write_text(json.dumps(data))
     assert any("not signed" in p for p in inspect_store(people.path, checkpoint=tmp_path / "bare.json").problems)
+    # The file the store recorded exporting, re-signed by someone without an officer's key: found on every check.
+    forged = json.loads((tmp_path / "head.json").read_text())
+    forged["signature"] = {**forged["signature"], "signature": sign(people.keys["eve"], forged["signature"]["payload"]).signature}
+    (tmp_path / "head.json").write_text(json.dumps(forged))
+    assert any("head.json" in p and "does not verify" in p for p in inspect_store(people.path).problems)
+
+
+def test_an_officer_unseals_with_a_signature_and_the_flow_its_own_rerun_without(people):
+    import os
+
+    from kepsilon.audit.seeds import seal_seed, unseal_fields, unseal_seed
+
+    seed = os.urandom(32)
+    seal_seed(people.db, idempotency_key="key-1", release_id="R1", seed=seed)
+    with pytest.raises(SignatureRefused, match="sign the unseal"):
+        unseal_seed(people.db, release_id="R1", by="olga", reason="audit sample")
+    signed = people.act("olga", "unseal", unseal_fields("R1", None, "audit sample"))
+    assert unseal_seed(people.db, release_id="R1", by=None, reason="audit sample", signed=signed) == seed
+    assert unseal_seed(people.db, idempotency_key="key-1", by="kepsilon-flow", reason="rerun of interrupted release") == seed
+    actors = [row[0] for row in people.db.conn.execute("SELECT actor FROM unseal_events ORDER BY id")]
+    assert actors == ["olga", "kepsilon-flow"] and inspect_store(people.path).ok
 
 
 def test_a_store_without_principals_works_as_before_and_says_acts_are_not_authenticated(tmp_path):

@@ -148,3 +148,17 @@ def test_a_forged_approval_written_into_the_file_is_caught_before_the_reservatio
     with pytest.raises(StoreCompromised, match="signature"):
         governed_release(spec)
     assert team.spent() == (0, 0, 0)
+
+
+def test_kepsilon_check_names_the_operator_it_would_need_and_the_approval_it_finds(team, synthetic_spec_dict):
+    from kepsilon.flows.check import check_release
+
+    spec = _spec(synthetic_spec_dict)
+    team.approve("alice", spec)
+    team.run_as(None)
+    verdicts = {v["name"]: v for v in check_release(spec, via="cli")["verdicts"]}
+    assert not verdicts["operator"]["success"] and "requires signed releases" in verdicts["operator"]["detail"]
+    team.run_as("bob")
+    verdicts = {v["name"]: v for v in check_release(spec, via="cli")["verdicts"]}
+    assert verdicts["operator"]["success"] and verdicts["approval"]["success"]
+    assert team.spent() == (0, 0, 0)
