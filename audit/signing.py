@@ -165,8 +165,8 @@ def generate_key(path: str | Path) -> str:
     path = Path(path)
     key = Ed25519PrivateKey.generate()
     private = key.private_bytes(serialization.Encoding.PEM, serialization.PrivateFormat.OpenSSH, serialization.NoEncryption())
-    if not write_private_file(path, private, "--out"):
-        raise SpecError("--out", f"{str(path)!r} already exists; kepsilon never overwrites a key")
+    if not write_private_file(path, private, "FILE"):
+        raise SpecError("FILE", f"{str(path)!r} already exists; kepsilon never overwrites a key")
     public = public_key_text(key.public_key())
     temporary = path.with_name(path.name + ".pub.tmp")
     temporary.write_text(public + "\n", encoding="ascii")
