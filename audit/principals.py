@@ -377,7 +377,9 @@ def check_signatures(conn) -> list[tuple[int, str]]:
         try:
             payload = json.loads(payload_text)
         except (TypeError, ValueError):
-            problems.append((seq, f"{where}: its payload is not JSON"))
+            payload = None
+        if not isinstance(payload, dict):
+            problems.append((seq, f"{where}: its payload is not a JSON object (altered)"))
             continue
         if store is None:
             store = payload.get("store")
