@@ -162,3 +162,21 @@ def test_kepsilon_check_names_the_operator_it_would_need_and_the_approval_it_fin
     verdicts = {v["name"]: v for v in check_release(spec, via="cli")["verdicts"]}
     assert verdicts["operator"]["success"] and verdicts["approval"]["success"]
     assert team.spent() == (0, 0, 0)
+
+
+@pytest.mark.heavy
+def test_the_dask_engine_authenticates_its_operator_the_same_way(team, synthetic_spec_dict, tmp_path):
+    """The partitioned path (flows/release_dask.py): refused without the steward's key, signed with it."""
+    from kepsilon.flows.release_dask import governed_release_dask
+
+    spec = _spec(synthetic_spec_dict, execution={"engine": "dask", "workers": 1, "partitions": 2,
+                                                  "scratch": str(tmp_path / "scratch")})
+    team.approve("alice", spec)
+    team.run_as(None)
+    with pytest.raises(SignatureRefused, match="requires signed releases"):
+        governed_release_dask(spec)
+    assert team.spent() == (0, 0, 0)
+    team.run_as("bob")
+    manifest = governed_release_dask(spec)
+    assert manifest["execution"]["operator"] == "bob" and team.spent()[0] == 1
+    assert inspect_store(team.path).ok
