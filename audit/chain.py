@@ -20,6 +20,8 @@ import sqlite_utils
 from kepsilon.tasks.errors import KepsilonError
 
 from .errors import error_label, sqlite_cause
+from .principals import authorise, checkpoint_signature_problem, record_signature
+from .signing import SignedAct
 from .store import (
     AUDITED_TABLES,
     GENESIS_HASH,
@@ -53,6 +55,7 @@ def _check_entries(conn, problems: list[tuple[int, str]]) -> int:
     """
     sha256 = hashlib.sha256
     tables: dict[str, _TableRows] = {}
+    present = _present_tables(conn)
     previous, expected, count = GENESIS_HASH, 1, 0
     for seq, table, row_id, stored in conn.execute("SELECT seq, table_name, row_id, entry_hash FROM chain ORDER BY seq"):
         count += 1
@@ -61,8 +64,9 @@ def _check_entries(conn, problems: list[tuple[int, str]]) -> int:
         expected = seq + 1
         rows = tables.get(table)
         if rows is None:
-            if table not in AUDITED_TABLES:
-                problems.append((seq, f"chain entry {seq}: row {table}#{row_id} is missing (not an audited table)"))
+            if table not in AUDITED_TABLES or table not in present:
+                why = "not an audited table" if table not in AUDITED_TABLES else "its table is gone"
+                problems.append((seq, f"chain entry {seq}: row {table}#{row_id} is missing ({why})"))
                 previous = stored
                 continue
             rows = tables[table] = _TableRows(conn, table)
@@ -81,11 +85,17 @@ def _check_entries(conn, problems: list[tuple[int, str]]) -> int:
         rows = tables.get(table)
         if rows is not None:
             uncovered = rows.left_over()
+        elif table not in present:  # a store from before the migration that adds it (opening it migrates)
+            continue
         else:
             uncovered = conn.execute(f"SELECT COUNT(*) FROM [{table}]").fetchone()[0]
         if uncovered:
             problems.append((count + 1, f"table {table}: {uncovered} row(s) not covered by the chain (inserted outside it)"))
     return count
+
+
+def _present_tables(conn) -> set[str]:
+    return {name for (name,) in conn.execute("SELECT name FROM sqlite_master WHERE type = 'table'")}
 
 
 class _TableRows:
@@ -126,7 +136,10 @@ _AFTER_ENTRIES = 2**62
 def _check_triggers(conn, problems: list[tuple[int, str]]) -> None:
     """Every protected table keeps both append-only triggers, and each still refuses (RAISE(ABORT …))."""
     present = {name: sql or "" for name, sql in conn.execute("SELECT name, sql FROM sqlite_master WHERE type = 'trigger'")}
+    tables = _present_tables(conn)
     for table in PROTECTED_TABLES:
+        if table not in tables and table in AUDITED_TABLES[AUDITED_TABLES.index("principals"):]:
+            continue  # not created yet: a store from before its migration, whose chain covers none of its rows
         for action in ("update", "delete"):
             name = f"{table}_no_{action}"
             if name not in present:
@@ -201,6 +214,9 @@ def _verify(conn, checkpoint, data, problems: list[tuple[int, str]]) -> None:
         _check_head("last recorded checkpoint", last[0], last[1], length, conn, problems)
     if data is not None:
         _check_head(f"checkpoint file {Path(checkpoint).name}", data["entry_count"], data["head_hash"], length, conn, problems)
+        problem = checkpoint_signature_problem(conn, data)
+        if problem is not None:
+            problems.append((0, f"checkpoint file {Path(checkpoint).name}: {problem}"))
 
 
 @contextlib.contextmanager
@@ -223,12 +239,16 @@ def chain_head(db: sqlite_utils.Database | sqlite3.Connection) -> tuple[int, str
     return (row[0], row[1]) if row else (0, GENESIS_HASH)
 
 
-def write_checkpoint(db: sqlite_utils.Database, path: str | Path) -> dict:
+def write_checkpoint(db: sqlite_utils.Database, path: str | Path, signed: SignedAct | None = None) -> dict:
     """Export the verified chain head (entry count + hash) to ``path`` and record the export in the store.
 
     Refuses (``ChainBroken``) when the chain does not verify, so a checkpoint never blesses tampering.
     The file is written atomically (temp file + rename); keep it outside the store's reach (another
     disk, a ticket, a signed e-mail). Returns the checkpoint as written.
+
+    In a store with principals the checkpoint must be ``signed`` by an officer's or admin's key over the
+    head it exports (``principals.authorise``); the file then carries that signature, which ``verify
+    --checkpoint`` re-checks, so a checkpoint file cannot be forged by someone without such a key.
     """
     path = Path(path)
     with write_transaction(db) as conn:
@@ -236,6 +256,7 @@ def write_checkpoint(db: sqlite_utils.Database, path: str | Path) -> dict:
         if not ok:
             raise ChainBroken("the audit chain does not verify: " + "; ".join(problems))
         count, head = chain_head(db)
+        authorised = authorise(conn, "checkpoint", signed, {"entry_count": count, "head_hash": head})
         database = conn.execute("PRAGMA database_list").fetchone()[2]
         checkpoint = {
             "format": CHECKPOINT_FORMAT,
@@ -244,15 +265,18 @@ def write_checkpoint(db: sqlite_utils.Database, path: str | Path) -> dict:
             "head_hash": head,
             "created_at": now(),
         }
+        if authorised is not None:
+            checkpoint["signature"] = {"payload": signed.payload, "public_key": signed.public_key, "signature": signed.signature}
         if database and path.resolve() == Path(database).resolve():
             raise KepsilonError("parameter 'path': the checkpoint must be a file outside the store")
         path.parent.mkdir(parents=True, exist_ok=True)
         temporary = path.with_name(path.name + ".tmp")
         temporary.write_text(json.dumps(checkpoint, indent=2) + "\n", encoding="utf-8")
         os.replace(temporary, path)
-        append(
+        row = append(
             conn,
             "checkpoints",
             {"path": str(path.resolve()), "entry_count": count, "head_hash": head, "created_at": checkpoint["created_at"]},
         )
+        record_signature(conn, authorised, "checkpoints", row)
     return checkpoint

@@ -33,13 +33,17 @@ from rich.table import Table
 from kepsilon.tasks.errors import KepsilonError
 
 from . import queries
+from .approvals import approval_fields
 from .approvals import approve as record_approval
-from .chain import write_checkpoint
+from .chain import chain_head, write_checkpoint
 from .errors import sqlite_cause, unavailable
 from .integrity import check_store, inspect_store
 from .ledger import budget as budget_state
+from .ledger import cap_fields
 from .ledger import set_cap as record_cap
-from .seeds import unseal_seed
+from .principals import FLOW_ACTOR, add_principal, init_admin, make_act, principal_rows, revoke_key
+from .seeds import unseal_fields, unseal_seed
+from .signing import SignedAct, generate_key, key_id, key_path, load_private_key, read_public_key
 from .store import open_store, store_path
 
 audit_app = typer.Typer(help="Query and maintain the audit store (ε ledger, releases, seeds, approvals).", no_args_is_help=True)
@@ -65,6 +69,11 @@ class Basis(str, Enum):
 
 
 FormatOption = Annotated[Format, typer.Option("--format", "-f", help="table (rich), csv or json")]
+KeyOption = Annotated[
+    Path | None,
+    typer.Option("--key", help="your Ed25519 private key file (OpenSSH or PEM, mode 0600) to sign the act with; "
+                 "default env KEPSILON_SIGNING_KEY. Required once the store has principals (docs/identity.md)"),
+]
 
 
 @audit_app.callback()
@@ -369,7 +378,8 @@ def verify(
     except KepsilonError as error:  # an unreadable --checkpoint file
         _fail(error)
     base = {"ok": inspection.ok, "entries": inspection.entries, "head_hash": inspection.head_hash,
-            "head_log": inspection.head_log, "publications": inspection.publications}
+            "head_log": inspection.head_log, "publications": inspection.publications,
+            "signatures": inspection.signatures}
     rows = [{**base, "problem": problem} for problem in inspection.problems] or [{**base, "problem": ""}]
     _emit(rows, format, "Audit store: intact" if inspection.ok else "Audit store: BROKEN")
     if not inspection.ok:
@@ -377,10 +387,13 @@ def verify(
 
 
 @audit_app.command()
-def checkpoint(ctx: typer.Context, path: Path) -> None:
-    """Export the verified chain head (entry count + hash) to PATH, outside the store, and record it."""
+def checkpoint(ctx: typer.Context, path: Path, key: KeyOption = None) -> None:
+    """Export the verified chain head (entry count + hash) to PATH, outside the store, and record it; signed
+    with --key (an officer's or admin's) in a store with principals, the file then carries the signature."""
     with _store(ctx) as db:
-        written = write_checkpoint(db, path)
+        count, head = chain_head(db)
+        signed = _signed_act(db, key, "checkpoint", {"entry_count": count, "head_hash": head}, None)
+        written = write_checkpoint(db, path, signed=signed)
     typer.echo(f"checkpoint: {written['entry_count']} entries, head {written['head_hash']} -> {path}")
 
 
@@ -389,18 +402,21 @@ def set_cap(
     ctx: typer.Context,
     population: str,
     cap: float,
-    by: Annotated[str, typer.Option(help="who sets the cap")],
     reason: Annotated[str, typer.Option(help="why")],
+    by: Annotated[str | None, typer.Option(help="who sets the cap; with --key, the key's holder")] = None,
     delta: Annotated[
         float | None, typer.Option(help="lifetime δ cap over the DP mode's releases; default: keep the one in force")
     ] = None,
+    key: KeyOption = None,
 ) -> None:
     """Set POPULATION's lifetime ε cap to CAP, and with --delta its δ cap (a new attributed ledger entry; never an edit).
 
     The ε cap counts every release; the δ cap the DP mode's releases, whose (ε, δ) compose by sums.
     """
     with _store(ctx, create=True) as db:
-        entry = record_cap(db, population, cap, by, reason, delta=delta)
+        signed = _signed_act(db, key, "set-cap", cap_fields(population, cap, reason, delta), by)
+        _require_by(by, signed)
+        entry = record_cap(db, population, cap, by, reason, delta=delta, signed=signed)
         kept = budget_state(db, population)["delta_cap"]
     shown = "no δ cap" if kept is None else f"δ={kept / 10**18:g}"
     typer.echo(f"cap of {population!r} set to ε={cap:g}, {shown} (ledger entry {entry})")
@@ -411,32 +427,39 @@ def approve(
     ctx: typer.Context,
     release: str,
     spec_hash: Annotated[str, typer.Option(help="SHA-256 of the spec being approved")],
-    by: Annotated[str, typer.Option(help="the approver (must differ from the operator)")],
     reason: Annotated[str, typer.Option(help="why")],
+    by: Annotated[str | None, typer.Option(help="the approver (must differ from the operator); with --key, the key's holder")] = None,
+    key: KeyOption = None,
 ) -> None:
-    """Approve RELEASE as specified by --spec-hash (two-person rule)."""
+    """Approve RELEASE as specified by --spec-hash (two-person rule); signed with --key in a store with principals."""
     with _store(ctx, create=True) as db:
-        entry = record_approval(db, release_id=release, spec_hash=spec_hash, approver=by, reason=reason)
-    typer.echo(f"approval {entry} recorded for {release!r}")
+        signed = _signed_act(db, key, "approve", approval_fields(release, spec_hash, reason), by)
+        _require_by(by, signed)
+        entry = record_approval(db, release_id=release, spec_hash=spec_hash, approver=by, reason=reason, signed=signed)
+    typer.echo(f"approval {entry} recorded for {release!r}" + (f", signed by {signed.payload['by']}" if signed else ""))
 
 
 @audit_app.command()
 def unseal(
     ctx: typer.Context,
     release: str,
-    by: Annotated[str, typer.Option(help="who unseals")],
     reason: Annotated[str, typer.Option(help="why")],
     out: Annotated[str, typer.Option(help="file for the seed as hex (created 0600); '-' prints it")],
+    by: Annotated[str | None, typer.Option(help="who unseals; with --key, the key's holder")] = None,
     idempotency_key: Annotated[str | None, typer.Option(help="choose among several seeds of RELEASE")] = None,
+    key: KeyOption = None,
 ) -> None:
     """Decrypt RELEASE's seed (recorded: who, why, when) and write it as hex to --out."""
     with _store(ctx) as db:
+        signed = _signed_act(db, key, "unseal", unseal_fields(release, idempotency_key, reason), by)
+        _require_by(by, signed)
         seed = unseal_seed(
             db,
             idempotency_key=idempotency_key,
             release_id=release,
             by=by,
             reason=reason,
+            signed=signed,
         )
     if out == "-":
         typer.echo(seed.hex())
@@ -469,3 +492,109 @@ def certificate(
     if not outcome.ok:
         _fail(KepsilonError(f"certificate does not verify: {outcome.message}"))
     typer.echo(outcome.message)
+
+
+def _private_key(key: Path | None):
+    """The signer's private key (``--key``, else env KEPSILON_SIGNING_KEY), or None when neither names one."""
+    path, setting = key_path(key)
+    return None if path is None else load_private_key(path, setting)
+
+
+def _signed_act(db, key: Path | None, act: str, fields: dict, by: str | None) -> SignedAct | None:
+    """``act`` over ``fields`` signed with the caller's key, or None without a key (the store then decides:
+    a store with principals refuses an unsigned act, one without records the name given)."""
+    private = _private_key(key)
+    return None if private is None else make_act(db.conn, private, act, fields, by)
+
+
+def _require_by(by: str | None, signed: SignedAct | None) -> None:
+    """An unsigned act needs a name; the flow's own name is not one a person may take."""
+    if signed is None and not (by and by.strip()):
+        raise KepsilonError("give --by NAME (or, in a store with principals, --key FILE)")
+    if by is not None and " ".join(by.split()) == FLOW_ACTOR:
+        raise KepsilonError(f"option '--by': {FLOW_ACTOR!r} is the release flow's own name, not a person's")
+
+
+@audit_app.command()
+def keygen(path: Annotated[Path, typer.Argument(metavar="FILE", help="where the private key goes (0600; FILE.pub beside it)")]) -> None:
+    """Make an Ed25519 key pair for signing (like `ssh-keygen -t ed25519 -N ''`); give FILE.pub to your admin."""
+    try:
+        public = generate_key(path)
+    except KepsilonError as error:
+        _fail(error)
+    typer.echo(f"private key {path} (keep it; never share it), public key {path}.pub: {key_id(public)}")
+
+
+@audit_app.command()
+def init(
+    ctx: typer.Context,
+    admin: Annotated[str, typer.Option(help="the first admin's name")],
+    key: KeyOption = None,
+    reason: Annotated[str, typer.Option(help="why")] = "first admin of this store",
+) -> None:
+    """Register the store's first admin (self-signed with --key): from now on every act must be signed."""
+    with _store(ctx, create=True) as db:
+        private = _private_key(key)
+        if private is None:
+            raise KepsilonError("give --key FILE (the admin's private key; `kepsilon audit keygen FILE` makes one)")
+        store = init_admin(db, private, admin, reason)
+        kid = key_id(_public_text(private))
+    typer.echo(f"{admin!r} is the admin of this audit store (key {kid}, store id {store}); "
+               "from now on every approval, cap, unseal, checkpoint, principal change and release must be signed")
+
+
+def _public_text(private) -> str:
+    from .signing import public_key_text
+
+    return public_key_text(private.public_key())
+
+
+principal_app = typer.Typer(help="Add or revoke principals (signed by an admin's key).", no_args_is_help=True)
+audit_app.add_typer(principal_app, name="principal")
+
+
+@principal_app.command("add")
+def principal_add(
+    ctx: typer.Context,
+    name: str,
+    role: Annotated[str, typer.Option(help="steward, approver, officer or admin")],
+    public_key: Annotated[Path, typer.Option(help="the new principal's public key file (FILE.pub, OpenSSH or PEM)")],
+    reason: Annotated[str, typer.Option(help="why")],
+    key: KeyOption = None,
+) -> None:
+    """Register NAME's public key with ROLE (run again with another --role for a second role)."""
+    with _store(ctx) as db:
+        public = read_public_key(public_key, "--public-key")
+        fields = {"change": "add", "name": " ".join(name.split()), "role": role, "key_id": key_id(public), "reason": reason}
+        signed = _signed_act(db, key, "principal", fields, None)
+        if signed is None:
+            raise KepsilonError("give --key FILE: an admin's private key signs principal changes")
+        add_principal(db, signed, name=name, role=role, public_key=public, reason=reason)
+    typer.echo(f"{name!r} added as {role} with key {key_id(public)}")
+
+
+@principal_app.command("revoke")
+def principal_revoke(
+    ctx: typer.Context,
+    name: str,
+    public_key: Annotated[Path, typer.Option(help="the public key file to revoke (FILE.pub)")],
+    reason: Annotated[str, typer.Option(help="why")],
+    key: KeyOption = None,
+) -> None:
+    """Revoke one of NAME's keys (every role it held); a revoked key is never valid again."""
+    with _store(ctx) as db:
+        public = read_public_key(public_key, "--public-key")
+        fields = {"change": "revoke", "name": " ".join(name.split()), "role": None, "key_id": key_id(public), "reason": reason}
+        signed = _signed_act(db, key, "principal", fields, None)
+        if signed is None:
+            raise KepsilonError("give --key FILE: an admin's private key signs principal changes")
+        revoke_key(db, signed, name=name, public_key=public, reason=reason)
+    typer.echo(f"key {key_id(public)} of {name!r} revoked")
+
+
+@audit_app.command()
+def principals(ctx: typer.Context, format: FormatOption = Format.table) -> None:
+    """Registered principals: name, key id, roles, active or revoked (empty: acts are not authenticated)."""
+    with _store(ctx) as db:
+        rows = principal_rows(db.conn)
+    _emit(rows, format, "Principals")

@@ -30,6 +30,8 @@ import sqlite_utils
 
 from kepsilon.tasks.errors import KepsilonError, SpecError
 
+from .principals import authorise, is_signed, record_signature
+from .signing import SignedAct
 from .store import append, ensure_population, now, require_text, write_transaction
 
 NANO = 10**9
@@ -284,6 +286,21 @@ def _default_cap(conn, population_id: str) -> int | None:
     return nano
 
 
+def release_fields(
+    population_id: str, epsilon: float, idempotency_key: str, release_id: str, delta: float | None, spec_hash: str | None
+) -> dict:
+    """What a steward signs to reserve a release's budget (``principals.make_act``): population, release id,
+    idempotency key, ε and δ as charged, and the spec hash the approval was given for."""
+    return {
+        "population_id": require_text("population_id", population_id),
+        "release_id": require_text("release_id", release_id),
+        "idempotency_key": require_text("idempotency_key", idempotency_key),
+        "nano_epsilon": to_nano("epsilon", epsilon, round_up=True),
+        "atto_delta": None if delta is None else to_atto("delta", delta, round_up=True),
+        "spec_hash": spec_hash,
+    }
+
+
 def reserve(
     db: sqlite_utils.Database,
     *,
@@ -293,6 +310,8 @@ def reserve(
     release_id: str,
     operator: str,
     delta: float | None = None,
+    spec_hash: str | None = None,
+    signed: SignedAct | None = None,
 ) -> Reservation:
     """Reserve ε (and, for a DP-mode release, δ) for one logical release, or return its existing
     reservation (``reused=True``, no new spend).
@@ -302,7 +321,8 @@ def reserve(
     with ``BudgetExceeded`` when ε cap − ε in use < ε; with ``DeltaBudgetExceeded`` when δ would pass the
     δ cap or take the DP total to 1; with ``CapMissing`` when the population has no cap and env
     KEPSILON_DEFAULT_CAP is unset; with ``IdempotencyConflict`` when the key already reserved for
-    another population, ε or δ.
+    another population, ε or δ. In a store with principals a new reservation must be ``signed`` by the
+    operator, a steward, over ``release_fields`` (``SignatureRefused`` otherwise); a reused one needs nothing.
     """
     population_id = require_text("population_id", population_id)
     idempotency_key = require_text("idempotency_key", idempotency_key)
@@ -324,9 +344,11 @@ def reserve(
                     "already reserved for another population, another ε or another δ; a changed release needs a new key"
                 )
             return _as_reservation(conn, existing, reused=True)
+        fields = release_fields(population_id, epsilon, idempotency_key, release_id, delta, spec_hash)
+        authorised = authorise(conn, "release", signed, fields, by=operator)
         ensure_population(conn, population_id, operator)
         cap = _cap_nano(conn, population_id)
-        if cap is None:
+        if cap is None and not is_signed(conn):  # a store with principals takes caps signed by an officer only
             cap = _default_cap(conn, population_id)
             if cap is None:
                 raise CapMissing(population_id, from_nano(nano))
@@ -349,6 +371,7 @@ def reserve(
                 "atto_delta": atto,
             },
         )
+        record_signature(conn, authorised, "ledger", rid)
         return Reservation(
             rid, population_id, idempotency_key, release_id, from_nano(nano), "reserved", False, nano, from_atto(atto), atto
         )
@@ -422,28 +445,39 @@ def void(db: sqlite_utils.Database, reservation_id: int, reason: str, *, actor: 
         )
 
 
+def cap_fields(population_id: str, cap: float, reason: str, delta: float | None = None) -> dict:
+    """What an officer signs to set a cap (``principals.make_act``): population, ε and δ asked for, reason."""
+    if delta is not None:
+        require_delta_cap("delta", delta)
+    return {
+        "population_id": require_text("population_id", population_id),
+        "nano_epsilon": to_nano("cap", cap, round_up=False),
+        "atto_delta": None if delta is None else to_atto("delta", delta, round_up=False),
+        "reason": require_text("reason", reason),
+    }
+
+
 def set_cap(
-    db: sqlite_utils.Database, population_id: str, cap: float, by: str, reason: str, *, delta: float | None = None
+    db: sqlite_utils.Database, population_id: str, cap: float, by: str | None, reason: str, *, delta: float | None = None,
+    signed: SignedAct | None = None,
 ) -> int:
     """Set the population's lifetime caps (a new attributed entry; the latest one counts). Returns its id.
 
     ``cap`` limits ε over every release; ``delta`` limits δ over the DP mode's releases. Without
     ``delta`` the new entry keeps the δ cap in force (none if there was none), so changing the ε cap
     never lifts a δ cap by omission. A cap below what is already in use is recorded too: it simply
-    admits nothing more.
+    admits nothing more. In a store with principals the cap must be ``signed`` by an officer's or an
+    admin's key over ``cap_fields`` (``principals.authorise``) and is attributed to the key's holder.
     """
-    population_id = require_text("population_id", population_id)
-    by = require_text("by", by)
-    reason = require_text("reason", reason)
-    nano = to_nano("cap", cap, round_up=False)
-    if delta is not None:
-        require_delta_cap("delta", delta)
-    atto = None if delta is None else to_atto("delta", delta, round_up=False)
+    fields = cap_fields(population_id, cap, reason, delta)
+    population_id, nano, atto, reason = fields["population_id"], fields["nano_epsilon"], fields["atto_delta"], fields["reason"]
     with write_transaction(db) as conn:
+        authorised = authorise(conn, "set-cap", signed, fields, by=by)
+        by = authorised.name if authorised else require_text("by", by)
         ensure_population(conn, population_id, by)
         if atto is None:
             atto = _delta_cap_atto(conn, population_id)
-        return append(
+        row = append(
             conn,
             "ledger",
             {
@@ -456,6 +490,8 @@ def set_cap(
                 "atto_delta": atto,
             },
         )
+        record_signature(conn, authorised, "ledger", row)
+        return row
 
 
 def budget(db: sqlite_utils.Database, population_id: str, since: str | None = None) -> dict:

@@ -17,7 +17,9 @@ from cryptography.fernet import Fernet, InvalidToken
 
 from kepsilon.tasks.errors import KepsilonError, SpecError
 
+from .principals import FLOW_ACTOR, authorise, record_signature
 from .private import DEFAULT_FOLDER, owner_only, private_folder, write_private_file
+from .signing import SignedAct
 from .store import append, now, require_text, write_transaction
 
 ENV_KEY = "KEPSILON_SEED_KEY"
@@ -149,25 +151,34 @@ def _locate(conn, idempotency_key: str | None, release_id: str | None):
     return rows[0]
 
 
+def unseal_fields(release_id: str | None, idempotency_key: str | None, reason: str) -> dict:
+    """What an officer signs to unseal a seed (``principals.make_act``): the seed asked for and why."""
+    return {"release_id": release_id, "idempotency_key": idempotency_key, "reason": require_text("reason", reason)}
+
+
 def unseal_seed(
-    db: sqlite_utils.Database, *, idempotency_key: str | None = None, release_id: str | None = None, by: str, reason: str
+    db: sqlite_utils.Database, *, idempotency_key: str | None = None, release_id: str | None = None, by: str | None,
+    reason: str, signed: SignedAct | None = None,
 ) -> bytes:
     """Decrypt a sealed seed, recording who, why and when first; verifies it against its commitment.
 
     The unseal event is committed even when verification fails (an attempt is worth auditing); then
     ``SeedIntegrityError`` is raised and no bytes are returned.
     """
-    by = require_text("by", by)
-    reason = require_text("reason", reason)
+    fields = unseal_fields(release_id, idempotency_key, reason)
+    reason = fields["reason"]
     key = _load_key()
     with write_transaction(db) as conn:
+        # The flow's own unseal (a rerun of an interrupted release) is covered by the release's signed reservation.
+        authorised = None if by == FLOW_ACTOR and signed is None else authorise(conn, "unseal", signed, fields, by=by)
+        by = authorised.name if authorised else require_text("by", by)
         sealed_id, key_found, release_found, commitment, ciphertext = _locate(conn, idempotency_key, release_id)
         try:
             seed = Fernet(key).decrypt(ciphertext)
             verified = hashlib.sha256(seed).hexdigest() == commitment
         except InvalidToken:
             seed, verified = None, False
-        append(
+        row = append(
             conn,
             "unseal_events",
             {
@@ -180,6 +191,7 @@ def unseal_seed(
                 "created_at": now(),
             },
         )
+        record_signature(conn, authorised, "unseal_events", row)
     if not verified:
         raise SeedIntegrityError(
             f"release {release_found!r}: the sealed seed cannot be decrypted with this key or fails its commitment"

@@ -75,6 +75,8 @@ AUDITED_TABLES = (
     "approvals",
     "checkpoints",
     "advice_events",
+    "principals",
+    "signatures",
 )
 PROTECTED_TABLES = AUDITED_TABLES + ("chain",)
 # Columns added by a migration after rows were already chained. While NULL they are left out of a row's
@@ -354,6 +356,45 @@ def _ledger_delta(db: sqlite_utils.Database) -> None:
     db.execute("ALTER TABLE ledger ADD COLUMN atto_delta INTEGER CHECK (atto_delta IS NULL OR atto_delta > 0)")
     db.execute("ALTER TABLE releases ADD COLUMN privacy_model TEXT")
     db.execute("ALTER TABLE releases ADD COLUMN delta REAL")
+
+
+@migrations(name="0006_principals")
+def _principals(db: sqlite_utils.Database) -> None:
+    """``principals`` (Ed25519 public keys, their holders' names and roles, added and revoked) and
+    ``signatures`` (one per signed row: the act, the signer's key id, the signed payload and the
+    signature). Both chained and append-only; ``principals.py`` says what they mean.
+    """
+    db.executescript(
+        """
+        CREATE TABLE principals (
+            id INTEGER PRIMARY KEY,
+            name TEXT NOT NULL,
+            role TEXT CHECK (role IN ('steward', 'approver', 'officer', 'admin')),
+            public_key TEXT NOT NULL,
+            key_id TEXT NOT NULL,
+            change TEXT NOT NULL CHECK (change IN ('add', 'revoke')),
+            reason TEXT NOT NULL,
+            created_at TEXT NOT NULL,
+            CHECK ((change = 'add') = (role IS NOT NULL))
+        );
+        CREATE INDEX principals_key ON principals(key_id);
+        CREATE TABLE signatures (
+            id INTEGER PRIMARY KEY,
+            act TEXT NOT NULL,
+            table_name TEXT NOT NULL,
+            row_id INTEGER NOT NULL,
+            signer TEXT NOT NULL,
+            key_id TEXT NOT NULL,
+            payload TEXT NOT NULL,
+            signature TEXT NOT NULL,
+            created_at TEXT NOT NULL
+        );
+        CREATE INDEX signatures_row ON signatures(table_name, row_id);
+        CREATE INDEX signatures_signature ON signatures(signature);
+        """
+    )
+    _append_only(db, "principals")
+    _append_only(db, "signatures")
 
 
 def store_path(path: str | Path | None = None) -> Path:

@@ -20,7 +20,6 @@ published release does nothing but say where it is. Data moves between tasks in 
 task here is ``NO_CACHE`` and ``persist_result=False``, and the flow's only parameter is the spec.
 """
 
-import getpass
 from datetime import UTC, datetime
 
 from prefect import flow, get_run_logger
@@ -60,6 +59,7 @@ from kepsilon.tasks.record import (
     check_approval,
     check_seed_key,
     record_outcome,
+    release_operator,
     reserve_epsilon,
     store_location,
     verify_store,
@@ -102,8 +102,8 @@ def governed_release(spec: ReleaseSpec) -> dict:
 def _release_in_memory(spec: ReleaseSpec) -> dict:
     """The release in one process, stage by stage (each reported to the run's progress and the terminal)."""
     logger = get_run_logger()
-    operator = spec.operator or getpass.getuser()
     store = store_location()
+    operator = release_operator(spec, store)  # the signer, in a store with principals (docs/identity.md)
     started_at = datetime.now(UTC).isoformat()
 
     figures_dir = private_report_dir(spec.release_id, spec.output_dir)  # refused before any work if misplaced

@@ -27,7 +27,6 @@ is reached with the TLS files of Dask's own configuration when its address is ``
 the deployments and the UI's run form need nothing else.
 """
 
-import getpass
 import logging
 import shutil
 from contextlib import nullcontext
@@ -100,6 +99,7 @@ from kepsilon.tasks.record import (
     escrowed_seed,
     mark_spent,
     record_outcome,
+    release_operator,
     reserve_epsilon,
     store_location,
     verify_store,
@@ -266,8 +266,8 @@ def governed_release_dask(spec: ReleaseSpec) -> dict:
     spec = spec.for_run(_run_day(), flow_run.name or "run")
     if not spec.execution.scheduler:  # our own local cluster writes to the CLI's terminal
         _hide_worker_tracebacks()
-    operator = spec.operator or getpass.getuser()
     store = store_location()
+    operator = release_operator(spec, store)  # the signer, in a store with principals (docs/identity.md)
     started_at = datetime.now(UTC).isoformat()
 
     figures_dir = private_report_dir(spec.release_id, spec.output_dir)

@@ -400,9 +400,12 @@ def release(
     epsilon: float | None = typer.Option(None, "--epsilon", help="override the spec's ε"),
     release_id: str | None = typer.Option(None, "--release-id", help="override the spec's release id"),
     algorithm: str | None = typer.Option(None, "--algorithm", help="mondrian or ola"),
-    operator: str | None = typer.Option(None, "--operator", help="who runs the release (default: OS user)"),
+    operator: str | None = typer.Option(None, "--operator", help="who runs the release (default: OS user); "
+                                        "with principals, the signer (docs/identity.md)"),
     db: Path | None = typer.Option(None, "--db", envvar="KEPSILON_AUDIT_DB", help="audit store (default ./.kepsilon/audit.db)"),
     debug: bool = typer.Option(False, "--debug", help="also print the traceback of a refusal"),
+    key: Path | None = typer.Option(None, "--key", help="the steward's private key that signs the release "
+                                    "(default env KEPSILON_SIGNING_KEY); required once the store has principals"),
 ) -> None:
     """Run the governed-release flow on SPEC.yaml and print the release summary.
 
@@ -416,6 +419,8 @@ def release(
 
     if db is not None:
         os.environ["KEPSILON_AUDIT_DB"] = str(db)
+    if key is not None:  # the flow runs here and reads the key file itself: a path, never a flow parameter
+        os.environ["KEPSILON_SIGNING_KEY"] = str(key)
     if not debug:
         # Prefect's log shipper writes "--- Error logging to API ---" to stderr itself when its server is
         # gone, unless logging's own error reporting is off; the outcome line says what matters.
@@ -491,6 +496,8 @@ def check(
     operator: str | None = typer.Option(None, "--operator", help="who would run the release (default: OS user)"),
     db: Path | None = typer.Option(None, "--db", envvar="KEPSILON_AUDIT_DB", help="audit store (default ./.kepsilon/audit.db)"),
     debug: bool = typer.Option(False, "--debug", help="also print the traceback of a refusal"),
+    key: Path | None = typer.Option(None, "--key", help="the steward's private key the release would be signed with "
+                                    "(default env KEPSILON_SIGNING_KEY)"),
 ) -> None:
     """Everything `kepsilon release SPEC.yaml` would decide without noise, then one line: "would publish" or
     "would be refused: <check> <figure> (limit <limit>); try <change>". Spends no ε, publishes nothing;
@@ -500,6 +507,8 @@ def check(
 
     if db is not None:
         os.environ["KEPSILON_AUDIT_DB"] = str(db)
+    if key is not None:
+        os.environ["KEPSILON_SIGNING_KEY"] = str(key)
     # The dask engine's local workers keep failed tasks' tracebacks off this terminal too (kepsilon/worker_console.py).
     os.environ["KEPSILON_WORKER_TRACEBACKS"] = "shown" if debug else "hidden"
     quiet = RefusalTracebacks()

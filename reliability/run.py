@@ -21,6 +21,7 @@ from kepsilon.faults import WORKER_FAULT_POINTS
 
 from .dask_scenarios import DASK_KILL_POINTS, cluster_intruder_scenario, dask_kill_scenario, worker_kill_scenario
 from .harness import Results, prefect_server, scratch
+from .identity import identity_scenario
 from .private_store import private_store_scenario
 from .rollback import rollback_scenario
 from .scenarios import (
@@ -60,6 +61,11 @@ def run_all(args) -> tuple[Results, list[dict], dict, dict[str, float], list[dic
                      for row in bad_settings_scenario(results, env, base / "settings", small, race_trials=args.same_id_trials)]
             timings["bad settings"] = timings["same-id races"] = time.monotonic() - start
             return _finish(results, base), table, {}, timings, []
+        if args.identity_only:
+            start = time.monotonic()
+            identity_scenario(results, env, base / "identity", small)
+            timings["identity"] = time.monotonic() - start
+            return _finish(results, base), [], {}, timings, []
         start = time.monotonic()
         bad_day = bad_day_scenario(results, env, base / "bad-day", small, lock_seconds=tuple(args.lock_seconds),
                                    busy_timeout=args.busy_timeout, late_lock_seconds=args.late_lock_seconds)
@@ -124,6 +130,11 @@ def run_all(args) -> tuple[Results, list[dict], dict, dict[str, float], list[dic
         start = time.monotonic()
         rollback_scenario(results, env, base / "rollback", small)
         timings["rollback"] = time.monotonic() - start
+
+        # --- Who did what (issue 26.5): signed approvals and releases under attack. reliability/identity.py.
+        start = time.monotonic()
+        identity_scenario(results, env, base / "identity", small)
+        timings["identity"] = time.monotonic() - start
 
     start = time.monotonic()
     tamper_scenario(results, env, base / "tamper", base / "race-0" / "audit.db")
@@ -212,6 +223,8 @@ def main() -> int:
     parser.add_argument("--skip-dask", action="store_true", help="leave out the Dask engine's scenarios")
     parser.add_argument("--bad-settings-only", action="store_true",
                         help="run only the bad-settings and same-id race scenarios (issue 24, items 4 and 5)")
+    parser.add_argument("--identity-only", action="store_true",
+                        help="run only the identity attacks (issue 26.5: signed approvals and releases)")
     parser.add_argument("--same-id-trials", type=int, default=5, help="same-id races: trials of 3 processes")
     args = parser.parse_args()
     results, bad_table, leak_matrix, timings, bad_day = run_all(args)

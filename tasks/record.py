@@ -6,6 +6,7 @@ runnable on another worker). A refusal (no approval, budget exhausted) and a fai
 recorded too, so officers can see what was attempted, not only what was published.
 """
 
+import getpass
 import os
 from pathlib import Path
 
@@ -30,6 +31,69 @@ def store_location() -> str:
     if path.parent.exists():
         check_not_shared(path.parent, ENV_PATH)
     return str(path)
+
+
+def release_operator(spec: ReleaseSpec, store: str) -> str:
+    """Who runs this release: in a store with principals, the steward whose key signs it, else the spec's
+    ``operator`` or the OS user (attributed, not authenticated).
+
+    The key is the file named by env KEPSILON_SIGNING_KEY in the process that runs the flow — ``kepsilon
+    release --key FILE`` sets it; a deployment's worker has its service principal's there — never a flow
+    parameter. In a signed store ``spec.operator`` is no longer believed: set, it must name the signer, so an
+    operator cannot be put in through a spec file or the run form. Refused (``SignatureRefused``, one line)
+    before anything is read or reserved.
+    """
+    from kepsilon.audit.principals import NO_PRINCIPALS, SignatureRefused, is_signed, principal_of
+    from kepsilon.audit.signing import ENV_SIGNING_KEY, key_id, key_path, load_private_key, public_key_text
+
+    signed = False
+    if Path(store).exists():
+        db = open_store(store)
+        try:
+            signed = is_signed(db.conn)
+            path, setting = key_path(None)
+            if not signed:
+                if path is not None:
+                    raise SignatureRefused(NO_PRINCIPALS)
+                return spec.operator or getpass.getuser()
+            if path is None:
+                raise SignatureRefused(
+                    "this audit store requires signed releases: give the steward's key (`kepsilon release --key FILE`, "
+                    f"or env {ENV_SIGNING_KEY} in the worker's environment for a deployment); nothing was reserved"
+                )
+            public = public_key_text(load_private_key(path, setting).public_key())
+            state = principal_of(db.conn, public)
+        finally:
+            db.close()
+        if state is None or state.revoked or "steward" not in state.roles:
+            why = "is not registered" if state is None else "was revoked" if state.revoked else "holds no steward role"
+            raise SignatureRefused(f"the release's key {key_id(public)} {why} in this audit store; nothing was reserved")
+        if spec.operator is not None and " ".join(spec.operator.split()) != state.name:
+            raise SignatureRefused(
+                f"parameter 'operator': {spec.operator!r} is not the release's signer {state.name!r} (the operator is whoever's "
+                "key signs the release); leave operator empty; nothing was reserved"
+            )
+        return state.name
+    if key_path(None)[0] is not None:
+        raise SignatureRefused(NO_PRINCIPALS)
+    return spec.operator or getpass.getuser()
+
+
+def _release_signature(db, spec: ReleaseSpec, key: str, operator: str):
+    """The steward's signature over this reservation (None in a store without principals), made here from the
+    key file in the environment so that the key never travels as a task parameter."""
+    from kepsilon.audit.ledger import release_fields
+    from kepsilon.audit.principals import is_signed, make_act
+    from kepsilon.audit.signing import key_path, load_private_key
+
+    if not is_signed(db.conn):
+        return None
+    path, setting = key_path(None)
+    if path is None:
+        return None  # the store's refusal names what is missing
+    fields = release_fields(spec.population_id, spec.epsilon, key, spec.release_id,
+                            spec.dp_delta() if spec.privacy_model == "dp" else None, spec.spec_hash())
+    return make_act(db.conn, load_private_key(path, setting), "release", fields, by=operator)
 
 
 @task(name="check-approval", cache_policy=NO_CACHE, persist_result=False)
@@ -77,6 +141,8 @@ def reserve_epsilon(spec: ReleaseSpec, key: str, operator: str, store: str, mani
             release_id=spec.release_id,
             operator=operator,
             delta=charge.delta,
+            spec_hash=spec.spec_hash(),
+            signed=_release_signature(db, spec, key, operator),
         )
     except BudgetExceeded as refusal:
         record_release(db, {**manifest, "refusal": str(refusal)}, outcome="refused", reservation_id=None)

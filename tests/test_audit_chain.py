@@ -87,7 +87,18 @@ def test_intact_store_verifies(db):
 
 @pytest.mark.parametrize("table", PROTECTED_TABLES)
 def test_every_audit_table_refuses_update_and_delete(db, table, tmp_path):
-    write_checkpoint(db, tmp_path / "head.json")
+    signed = None
+    if table in ("principals", "signatures"):  # rows there once the store has an admin, who signs the checkpoint
+        from cryptography.hazmat.primitives.asymmetric.ed25519 import Ed25519PrivateKey
+
+        from kepsilon.audit.chain import chain_head
+        from kepsilon.audit.principals import init_admin, make_act
+
+        admin = Ed25519PrivateKey.generate()
+        init_admin(db, admin, "root")
+        count, head = chain_head(db)
+        signed = make_act(db.conn, admin, "checkpoint", {"entry_count": count, "head_hash": head})
+    write_checkpoint(db, tmp_path / "head.json", signed=signed)
     assert db.execute(f"SELECT COUNT(*) FROM [{table}]").fetchone()[0] > 0
     with pytest.raises(Exception, match=f"{table} is append-only: UPDATE"):
         db.execute(f"UPDATE [{table}] SET rowid = rowid")
