@@ -21,6 +21,7 @@ from kepsilon.faults import WORKER_FAULT_POINTS
 
 from .dask_scenarios import DASK_KILL_POINTS, cluster_intruder_scenario, dask_kill_scenario, worker_kill_scenario
 from .harness import Results, prefect_server, scratch
+from .logins import logins_scenario
 from .private_store import private_store_scenario
 from .rollback import rollback_scenario
 from .scenarios import (
@@ -60,6 +61,11 @@ def run_all(args) -> tuple[Results, list[dict], dict, dict[str, float], list[dic
                      for row in bad_settings_scenario(results, env, base / "settings", small, race_trials=args.same_id_trials)]
             timings["bad settings"] = timings["same-id races"] = time.monotonic() - start
             return _finish(results, base), table, {}, timings, []
+        if args.logins_only:
+            start = time.monotonic()
+            logins_scenario(results, env, base / "logins", small)
+            timings["logins"] = time.monotonic() - start
+            return _finish(results, base), [], {}, timings, []
         start = time.monotonic()
         bad_day = bad_day_scenario(results, env, base / "bad-day", small, lock_seconds=tuple(args.lock_seconds),
                                    busy_timeout=args.busy_timeout, late_lock_seconds=args.late_lock_seconds)
@@ -104,6 +110,10 @@ def run_all(args) -> tuple[Results, list[dict], dict, dict[str, float], list[dic
         start = time.monotonic()
         private_store_scenario(results, env, base / "private-store", small)
         timings["private store"] = time.monotonic() - start
+        # --- The servers' logins (issue 26.4/26.5): unauthenticated attacks on Prefect and the officers' Datasette.
+        start = time.monotonic()
+        logins_scenario(results, env, base / "logins", small)
+        timings["logins"] = time.monotonic() - start
         # --- The Dask engine: its cluster closed to other clients, its scratch under kills (issues 21, 24) ---
         if not args.skip_dask:
             start = time.monotonic()
@@ -212,6 +222,8 @@ def main() -> int:
     parser.add_argument("--skip-dask", action="store_true", help="leave out the Dask engine's scenarios")
     parser.add_argument("--bad-settings-only", action="store_true",
                         help="run only the bad-settings and same-id race scenarios (issue 24, items 4 and 5)")
+    parser.add_argument("--logins-only", action="store_true",
+                        help="run only the logins scenario (issue 26: unauthenticated requests to Prefect and Datasette)")
     parser.add_argument("--same-id-trials", type=int, default=5, help="same-id races: trials of 3 processes")
     args = parser.parse_args()
     results, bad_table, leak_matrix, timings, bad_day = run_all(args)
