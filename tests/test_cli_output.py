@@ -134,7 +134,7 @@ def test_the_make_serve_server_with_a_login_the_cli_lacks_is_not_used(workspace)
     wrong.parent.mkdir(mode=0o700, exist_ok=True)
     wrong.write_text("kepsilon:not-the-secret\n")
     lacking = {**env, "PREFECT_PORT": port, "KEPSILON_PREFECT_AUTH_FILE": str(wrong),
-               "PREFECT_HOME": str(work / "own-prefect-login")}
+               "PREFECT_HOME": str(work / "own-prefect-login"), "PREFECT_SERVER_EPHEMERAL_STARTUP_TIMEOUT_SECONDS": "120"}
     for name in ("PREFECT_API_URL", "PREFECT_API_AUTH_STRING"):
         lacking.pop(name)
     code, out, err = run(workspace, "--release-id", "cli-serve-wrong-login", env=lacking)
