@@ -83,6 +83,7 @@ curl -fsS "$PREFECT_API_URL/health" > /dev/null 2>&1 || {
 "$BIN/prefect" work-pool create kepsilon-process --type process --overwrite > /dev/null
 "$BIN/prefect" --no-prompt deploy --all --prefect-file deployments/prefect.yaml
 echo "Prefect UI: http://127.0.0.1:${PORT}  (Deployments → governed-release/paper-synthetic-nightly → Run → Custom run)"
+echo "  its login form asks for the whole string kept in ${KEPSILON_PREFECT_AUTH_FILE:-.kepsilon/prefect-server.auth}"
 start_group "$BIN/prefect" worker start --pool kepsilon-process
 worker=$started
 echo "Ctrl-C stops the worker and the server."
