@@ -66,7 +66,9 @@ deployment-check: install
 ## audit-ui: read-only Datasette over the audit store, officers' questions as canned queries only (port 8001):
 ## no SQL, no table pages, writes answered 405. The metadata's canned queries attach to a database named
 ## "audit", so the store's file must be called audit.db (the default ./.kepsilon/audit.db is).
+## Behind a login: officers' accounts from `kepsilon officers add NAME` (docs/logins.md); none, no server.
 audit-ui: install
+	$(BIN)/kepsilon officers check
 	$(BIN)/datasette serve $${KEPSILON_AUDIT_DB:-.kepsilon/audit.db} --metadata audit/datasette.yaml \
 		--plugins-dir audit/datasette_plugins --host 127.0.0.1 --port 8001
 

@@ -3,6 +3,11 @@
 # the deployments of deployments/prefect.yaml on the process work pool `kepsilon-process`, and a worker
 # that runs them. PREFECT_PORT and PREFECT_HOME (default ./.prefect) may be set to run a second instance.
 #
+# The server requires a login (Prefect's basic authentication, server.api.auth_string): a secret generated on
+# first use, printed once, kept owner-only in KEPSILON_PREFECT_AUTH_FILE (default ./.kepsilon/prefect-server.auth).
+# Only the server gets PREFECT_SERVER_API_AUTH_STRING; the prefect commands, the worker and the flow runs it
+# starts send PREFECT_API_AUTH_STRING; `kepsilon release` reads the same file (docs/logins.md).
+#
 # One Ctrl-C (or one SIGINT/SIGTERM to this script or its process group) stops the worker, then the
 # server, within 10 s: the worker first, so it can say goodbye to a server that is still there; SIGINT,
 # because a Prefect worker ignores SIGTERM; SIGKILL for whatever still runs after its grace period.
@@ -14,6 +19,7 @@ export PREFECT_HOME=${PREFECT_HOME:-$PWD/.prefect}
 export KEPSILON_PROJECT_DIR="$PWD"
 export PREFECT_API_URL="http://127.0.0.1:${PORT}/api"
 mkdir -p "$PREFECT_HOME"
+login=$("$BIN/python" -m kepsilon.prefect_login secret)
 
 server=""
 worker=""
@@ -58,8 +64,12 @@ trap 'stop_all 130' INT
 trap 'stop_all 143' TERM
 trap 'stop_all $?' EXIT
 
+# The server's setting is in the environment of the server alone (set for the fork, then taken back).
+export PREFECT_SERVER_API_AUTH_STRING="$login"
 start_group "$BIN/prefect" server start --host 127.0.0.1 --port "$PORT" > "$PREFECT_HOME/server.log" 2>&1
 server=$started
+unset PREFECT_SERVER_API_AUTH_STRING
+export PREFECT_API_AUTH_STRING="$login"
 for _ in $(seq 1 120); do
   running "$server" || break
   curl -fsS "$PREFECT_API_URL/health" > /dev/null 2>&1 && break
@@ -73,6 +83,7 @@ curl -fsS "$PREFECT_API_URL/health" > /dev/null 2>&1 || {
 "$BIN/prefect" work-pool create kepsilon-process --type process --overwrite > /dev/null
 "$BIN/prefect" --no-prompt deploy --all --prefect-file deployments/prefect.yaml
 echo "Prefect UI: http://127.0.0.1:${PORT}  (Deployments → governed-release/paper-synthetic-nightly → Run → Custom run)"
+echo "  its login form asks for the whole string kept in ${KEPSILON_PREFECT_AUTH_FILE:-.kepsilon/prefect-server.auth}"
 start_group "$BIN/prefect" worker start --pool kepsilon-process
 worker=$started
 echo "Ctrl-C stops the worker and the server."

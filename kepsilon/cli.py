@@ -50,6 +50,9 @@ def _mount_audit_commands() -> None:
     from kepsilon.audit.cli import audit_app
 
     app.add_typer(audit_app, name="audit", help="Audit store, ε ledger and privacy officers' questions.")
+    from kepsilon.audit.officers_cli import officers_app
+
+    app.add_typer(officers_app, name="officers", help="Officers' logins of the audit UI (make audit-ui).")
 
 
 class RefusalTracebacks(logging.Filter):
@@ -119,6 +122,19 @@ def _serve_api_url() -> str:
     return f"http://127.0.0.1:{os.environ.get(SERVE_PORT_ENV) or SERVE_DEFAULT_PORT}/api"
 
 
+def _serve_login(settings) -> str | None:
+    """The login for ``make serve``'s server: PREFECT_API_AUTH_STRING if set, else the secret make serve keeps."""
+    from kepsilon.prefect_login import read_auth_string
+    from kepsilon.tasks.errors import SpecError
+
+    if settings.api.auth_string is not None:
+        return settings.api.auth_string.get_secret_value()
+    try:
+        return read_auth_string()
+    except (OSError, SpecError):
+        return None
+
+
 def _note(text: str) -> None:
     errors.print(f"[dim]{escape(text)}[/]", soft_wrap=True)
 
@@ -137,6 +153,7 @@ def _prefect_api() -> Iterator[Optional["LocalServer"]]:  # noqa: F821
     happened to the release is then read from the audit store.
     """
     from prefect.settings import (
+        PREFECT_API_AUTH_STRING,
         PREFECT_API_URL,
         PREFECT_CLIENT_MAX_RETRIES,
         get_current_settings,
@@ -144,26 +161,34 @@ def _prefect_api() -> Iterator[Optional["LocalServer"]]:  # noqa: F821
     )
 
     from kepsilon.local_server import LocalServer
+    from kepsilon.orchestrator import accepts_login
     from kepsilon.orchestrator import api_answers as _answers
+    from kepsilon.prefect_login import ENV_AUTH_FILE
 
     settings = get_current_settings()
     bounded = {} if "PREFECT_CLIENT_MAX_RETRIES" in os.environ else {PREFECT_CLIENT_MAX_RETRIES: CLIENT_MAX_RETRIES}
     configured = settings.api.url
-    if configured and _answers(configured):
+    configured_login = settings.api.auth_string.get_secret_value() if settings.api.auth_string else None
+    if configured and _answers(configured) and (settings.api.key or accepts_login(configured, configured_login)):
         with temporary_settings(updates=bounded):
             yield None
         return
-    if not configured and _answers(_serve_api_url()):
-        _note(f"Prefect server: {_serve_api_url().removesuffix('/api')} (make serve); the run is listed in its UI")
-        with temporary_settings(updates={PREFECT_API_URL: _serve_api_url(), **bounded}):
-            yield None
-        return
+    serve_login = _serve_login(settings)
     if configured:
-        _note(f"the Prefect server at {configured} (PREFECT_API_URL) does not answer; "
-              "this run uses a local Prefect server of its own, stopped when the run ends")
-    else:
+        _note(f"the Prefect server at {configured} (PREFECT_API_URL) does not answer or refuses the login "
+              "(PREFECT_API_AUTH_STRING); this run uses a local Prefect server of its own, stopped when the run ends")
+    elif not _answers(_serve_api_url()):
         _note(f"no Prefect server configured (PREFECT_API_URL) or answering at {_serve_api_url()} (make serve); "
               "this run uses a local Prefect server of its own, stopped when the run ends")
+    elif accepts_login(_serve_api_url(), serve_login):
+        _note(f"Prefect server: {_serve_api_url().removesuffix('/api')} (make serve); the run is listed in its UI")
+        with temporary_settings(updates={PREFECT_API_URL: _serve_api_url(), PREFECT_API_AUTH_STRING: serve_login,
+                                         **bounded}):
+            yield None
+        return
+    else:
+        _note(f"the Prefect server at {_serve_api_url()} (make serve) refuses this run's login ({ENV_AUTH_FILE} or "
+              "PREFECT_API_AUTH_STRING); this run uses a local Prefect server of its own, stopped when the run ends")
     stamp = datetime.now(UTC).strftime("%Y%m%dT%H%M%S")
     log_path = Path(settings.home).expanduser() / f"kepsilon-release-server-{stamp}-{os.getpid()}.log"
     server = LocalServer(log_path, startup_timeout=max(60, settings.server.ephemeral.startup_timeout_seconds))
@@ -172,7 +197,8 @@ def _prefect_api() -> Iterator[Optional["LocalServer"]]:  # noqa: F821
     except RuntimeError as failure:
         raise RuntimeError(f"{failure}; its log: {log_path}") from None
     try:
-        with temporary_settings(updates={PREFECT_API_URL: server.api_url, **bounded}):
+        with temporary_settings(updates={PREFECT_API_URL: server.api_url, PREFECT_API_AUTH_STRING: server.auth_string,
+                                         **bounded}):
             yield server
     finally:
         server.stop()

@@ -10,7 +10,9 @@ Two uses:
   what it printed while shutting down (an ERROR and a traceback, in 2 of 6 runs) read as a failed
   release. This one writes to a log file and is stopped by the CLI after the client has flushed.
 
-Both are stopped with SIGINT (what Prefect's processes answer to), then SIGKILL if they hang.
+Both are stopped with SIGINT (what Prefect's processes answer to), then SIGKILL if they hang. Both require a
+login (Prefect's ``auth_string``, a fresh secret per server, see ``kepsilon.prefect_login``): only the
+clients given it can create runs, read artifacts or subscribe to events, even from the same machine.
 """
 
 import contextlib
@@ -25,6 +27,8 @@ import time
 import urllib.request
 from collections.abc import Iterator
 from pathlib import Path
+
+from kepsilon.prefect_login import CLIENT_SETTING, SERVER_SETTING, authorization_header, new_auth_string
 
 BIN = Path(sys.executable).parent
 _PR_SET_PDEATHSIG = 1
@@ -92,12 +96,15 @@ class LocalServer:
         self.startup_timeout = startup_timeout
         self.port = free_port()
         self.api_url = f"http://127.0.0.1:{self.port}/api"
+        # This run's login: the server requires it, the CLI's flow run sends it (never written to disk).
+        self.auth_string = new_auth_string()
         self.process: subprocess.Popen | None = None
         self._run_ended_at: int | None = None
 
     def start(self) -> None:
         self.log_path.parent.mkdir(parents=True, exist_ok=True)
-        env = {**os.environ, "PREFECT_API_URL": self.api_url}
+        env = {**os.environ, "PREFECT_API_URL": self.api_url, SERVER_SETTING: self.auth_string}
+        env.pop(CLIENT_SETTING, None)
         command = [
             str(BIN / "prefect"), "server", "start", "--host", "127.0.0.1", "--port", str(self.port),
             "--no-ui", "--no-scheduler", "--no-late-runs",
@@ -160,7 +167,7 @@ class LocalServer:
     def _count(self, body: dict) -> int:
         request = urllib.request.Request(
             f"{self.api_url}/task_runs/count", data=json.dumps(body).encode(), method="POST",
-            headers={"Content-Type": "application/json"},
+            headers={"Content-Type": "application/json", **authorization_header(self.auth_string)},
         )
         with urllib.request.urlopen(request, timeout=5) as response:
             return int(json.loads(response.read()))
@@ -180,6 +187,9 @@ class LocalServer:
 def prefect_server(home: Path, started: list | None = None) -> Iterator[dict]:
     """A real local Prefect server with its own PREFECT_HOME; yields the env a client needs.
 
+    The server requires a login, a fresh secret: the env yielded carries it for clients
+    (PREFECT_API_AUTH_STRING); the server's own setting stays out of it.
+
     ``started``, if given, receives the server's ``Popen`` (its own process group): a reliability
     scenario kills it under a running release.
     """
@@ -192,12 +202,15 @@ def prefect_server(home: Path, started: list | None = None) -> Iterator[dict]:
         "PREFECT_SERVER_ANALYTICS_ENABLED": "false",
         "PREFECT_RESULTS_PERSIST_BY_DEFAULT": "false",
         "DO_NOT_TRACK": "1",
+        CLIENT_SETTING: new_auth_string(),
     }
     env.pop("KEPSILON_FAULT_AT", None)
+    env.pop(SERVER_SETTING, None)
+    server_env = {**env, SERVER_SETTING: env[CLIENT_SETTING]}
     with open(home / "server.log", "wb") as log:
         server = subprocess.Popen(
             [str(BIN / "prefect"), "server", "start", "--host", "127.0.0.1", "--port", str(port)],
-            cwd=home, env=env, stdout=log, stderr=subprocess.STDOUT, start_new_session=True,
+            cwd=home, env=server_env, stdout=log, stderr=subprocess.STDOUT, start_new_session=True,
         )
         if started is not None:
             started.append(server)

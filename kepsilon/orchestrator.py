@@ -48,6 +48,22 @@ def api_answers(api_url: str, seconds: float = 3) -> bool:
         return False
 
 
+def accepts_login(api_url: str, auth_string: str | None, seconds: float = 5) -> bool:
+    """Whether the Prefect API at ``api_url`` answers an authenticated request sent with ``auth_string``.
+
+    ``/health`` answers everyone; ``/admin/version`` needs the login when the server has one
+    (``server.api.auth_string``), so a run is not started against a server that would refuse its reports.
+    """
+    from kepsilon.prefect_login import authorization_header
+
+    try:
+        request = urllib.request.Request(f"{api_url.rstrip('/')}/admin/version", headers=authorization_header(auth_string))
+        with urllib.request.urlopen(request, timeout=seconds) as response:
+            return response.status == 200
+    except (OSError, ValueError):
+        return False
+
+
 class ConnectionNoise(logging.Filter):
     """Console filter: drops Prefect's connection-failure records while the API does not answer.
 

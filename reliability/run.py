@@ -22,6 +22,7 @@ from kepsilon.faults import WORKER_FAULT_POINTS
 from .dask_scenarios import DASK_KILL_POINTS, cluster_intruder_scenario, dask_kill_scenario, worker_kill_scenario
 from .harness import Results, prefect_server, scratch
 from .identity import identity_scenario
+from .logins import logins_scenario
 from .private_store import private_store_scenario
 from .rollback import rollback_scenario
 from .scenarios import (
@@ -65,6 +66,11 @@ def run_all(args) -> tuple[Results, list[dict], dict, dict[str, float], list[dic
             start = time.monotonic()
             identity_scenario(results, env, base / "identity", small)
             timings["identity"] = time.monotonic() - start
+            return _finish(results, base), [], {}, timings, []
+        if args.logins_only:
+            start = time.monotonic()
+            logins_scenario(results, env, base / "logins", small)
+            timings["logins"] = time.monotonic() - start
             return _finish(results, base), [], {}, timings, []
         start = time.monotonic()
         bad_day = bad_day_scenario(results, env, base / "bad-day", small, lock_seconds=tuple(args.lock_seconds),
@@ -110,6 +116,10 @@ def run_all(args) -> tuple[Results, list[dict], dict, dict[str, float], list[dic
         start = time.monotonic()
         private_store_scenario(results, env, base / "private-store", small)
         timings["private store"] = time.monotonic() - start
+        # --- The servers' logins (issue 26.4/26.5): unauthenticated attacks on Prefect and the officers' Datasette.
+        start = time.monotonic()
+        logins_scenario(results, env, base / "logins", small)
+        timings["logins"] = time.monotonic() - start
         # --- The Dask engine: its cluster closed to other clients, its scratch under kills (issues 21, 24) ---
         if not args.skip_dask:
             start = time.monotonic()
@@ -225,6 +235,8 @@ def main() -> int:
                         help="run only the bad-settings and same-id race scenarios (issue 24, items 4 and 5)")
     parser.add_argument("--identity-only", action="store_true",
                         help="run only the identity attacks (issue 26.5: signed approvals and releases)")
+    parser.add_argument("--logins-only", action="store_true",
+                        help="run only the logins scenario (issue 26: unauthenticated requests to Prefect and Datasette)")
     parser.add_argument("--same-id-trials", type=int, default=5, help="same-id races: trials of 3 processes")
     args = parser.parse_args()
     results, bad_table, leak_matrix, timings, bad_day = run_all(args)

@@ -10,6 +10,9 @@ headless Chromium. Each page must:
 - show the answer before any SQL (the canned queries hide their SQL behind a "show" link),
 - show exactly the expected rows (only the named cells are compared).
 
+The browser logs in first, through the officers' login form (``/-/login``, an account made for the check), as an
+officer does; without the login no question answers.
+
 It also checks what an officer must not be able to do or be misled by: a question about one population asked
 without one gives no row (not a row of zeros), the policy question with empty fields applies the CLI's
 defaults, the sealed-seed table is neither listed nor viewable, and Datasette refuses a write. A screenshot of
@@ -142,31 +145,125 @@ def wait_until_up(url: str, process: subprocess.Popen, seconds: float = 30) -> N
     raise RuntimeError("datasette did not answer in time")
 
 
-def http_status(url: str) -> int:
+OFFICER, PASSWORD = "audit-ui-check", "a password only this check knows"
+
+
+class _NoRedirect(urllib.request.HTTPRedirectHandler):
+    def redirect_request(self, *args, **kwargs):
+        return None
+
+
+def officer_opener(base: str) -> urllib.request.OpenerDirector:
+    """A urllib client logged in as the check's officer through the form /-/login (cookies kept)."""
+    import http.cookiejar
+
+    opener = urllib.request.build_opener(urllib.request.HTTPCookieProcessor(http.cookiejar.CookieJar()), _NoRedirect)
+    page = opener.open(f"{base}/-/login", timeout=10).read().decode()
+    token = re.search(r'name="csrftoken" value="([^"]+)"', page).group(1)
+    form = urllib.parse.urlencode({"csrftoken": token, "username": OFFICER, "password": PASSWORD, "next": "/"}).encode()
     try:
-        with urllib.request.urlopen(url, timeout=10) as response:
+        opener.open(urllib.request.Request(f"{base}/-/login", data=form, method="POST"), timeout=30)
+    except urllib.error.HTTPError as answer:
+        if answer.code != 302:
+            raise RuntimeError(f"the officer's login answered {answer.code}") from None
+    return opener
+
+
+def http_status(url: str, opener: urllib.request.OpenerDirector | None = None) -> int:
+    try:
+        with (opener or urllib.request.build_opener(_NoRedirect)).open(url, timeout=10) as response:
             return response.status
     except urllib.error.HTTPError as error:
         return error.code
 
 
-def chromium(binary: str, profile: Path, *args: str) -> str:
-    command = [binary, *CHROMIUM_FLAGS, f"--user-data-dir={profile}", *args]
-    done = subprocess.run(command, capture_output=True, text=True, timeout=90)
-    if done.returncode != 0:
-        raise RuntimeError(f"chromium failed ({done.returncode}): {done.stderr[-500:]}")
-    return done.stdout
+class Browser:
+    """Headless Chromium over the DevTools protocol, logged in once through the login form like an officer."""
 
+    def __init__(self, binary: str, profile: Path):
+        self.binary, self.profile = binary, profile
 
-def dump_dom(binary: str, url: str, profile: Path) -> str:
-    """The DOM of ``url`` after Chromium rendered it (scripts run)."""
-    return chromium(binary, profile, "--dump-dom", url)
+    def visit(self, base: str, pages: dict[str, str], shots: Path) -> tuple[dict[str, str], bool]:
+        """Log in, then each page: its DOM after scripts ran, and a screenshot; and whether the form was asked for."""
+        import asyncio
 
+        port = free_port()
+        process = subprocess.Popen(
+            [self.binary, *CHROMIUM_FLAGS, f"--user-data-dir={self.profile}", f"--remote-debugging-port={port}",
+             "--window-size=1280,1400", "--hide-scrollbars", "about:blank"],
+            stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
+        )
+        try:
+            return asyncio.run(self._session(port, base, pages, shots))
+        finally:
+            process.terminate()
+            try:
+                process.wait(timeout=10)
+            except subprocess.TimeoutExpired:
+                process.kill()
 
-def screenshot(binary: str, url: str, profile: Path, png: Path) -> None:
-    chromium(binary, profile, "--window-size=1280,1400", "--hide-scrollbars", f"--screenshot={png}", url)
-    if not png.exists() or png.stat().st_size < 1000:
-        raise RuntimeError(f"chromium wrote no screenshot of {url}")
+    async def _session(self, port: int, base: str, pages: dict[str, str], shots: Path):
+        import asyncio
+        import base64
+        import json
+
+        import websockets
+
+        socket_url = None
+        for _ in range(150):
+            try:
+                with urllib.request.urlopen(f"http://127.0.0.1:{port}/json/list", timeout=1) as response:
+                    listed = [p for p in json.load(response) if p.get("type") == "page"]
+                if listed:
+                    socket_url = listed[0]["webSocketDebuggerUrl"]
+                    break
+            except OSError:
+                pass
+            await asyncio.sleep(0.2)
+        if socket_url is None:
+            raise RuntimeError("chromium did not open its DevTools port")
+        async with websockets.connect(socket_url, max_size=2**28) as connection:
+            numbers = iter(range(1, 1_000_000))
+
+            async def call(method: str, **params):
+                number = next(numbers)
+                await connection.send(json.dumps({"id": number, "method": method, "params": params}))
+                while True:
+                    message = json.loads(await connection.recv())
+                    if message.get("id") == number:
+                        return message.get("result", {})
+
+            async def evaluate(expression: str):
+                answer = await call("Runtime.evaluate", expression=expression, returnByValue=True)
+                return answer.get("result", {}).get("value")
+
+            async def load(url: str) -> None:
+                await call("Page.navigate", url=url)
+                for _ in range(100):
+                    await asyncio.sleep(0.2)
+                    if await evaluate("document.readyState") == "complete":
+                        break
+                await asyncio.sleep(0.5)
+
+            await call("Emulation.setDeviceMetricsOverride", width=1280, height=1400, deviceScaleFactor=1, mobile=False)
+            # The first page, unauthenticated, must be the login form; it is filled and submitted as a person does.
+            first = next(iter(pages.values()))
+            await load(base + first)
+            asked = bool(await evaluate("!!document.querySelector('form[action=\"/-/login\"] input[type=password]')"))
+            await evaluate(f"""(() => {{ document.querySelector('#officer').value = {json.dumps(OFFICER)};
+                document.querySelector('#password').value = {json.dumps(PASSWORD)};
+                document.querySelector('form[action="/-/login"]').submit(); }})()""")
+            for _ in range(50):
+                await asyncio.sleep(0.2)
+                if not (await evaluate("location.pathname")).startswith("/-/login"):
+                    break
+            doms = {}
+            for name, path in pages.items():
+                await load(base + path)
+                doms[name] = await evaluate("document.documentElement.outerHTML")
+                shot = await call("Page.captureScreenshot", format="png")
+                (shots / f"{name}.png").write_bytes(base64.b64decode(shot["data"]))
+            return doms, asked
 
 
 def table_rows(dom: str) -> list[dict[str, str]]:
@@ -284,7 +381,12 @@ def main() -> int:
         str(Path(sys.executable).with_name("datasette")), "serve", str(store),
         "--metadata", str(args.metadata), "--plugins-dir", str(PLUGINS), "--host", "127.0.0.1", "--port", str(port),
     ]
-    server = subprocess.Popen(datasette, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE)
+    from kepsilon.audit import officers
+
+    accounts = work / "private" / "audit-ui-accounts.json"
+    officers.set_password(OFFICER, PASSWORD, accounts)
+    server = subprocess.Popen(datasette, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE,
+                              env={**os.environ, officers.ENV_ACCOUNTS: str(accounts)})
     failures: list[str] = []
 
     def report(name: str, where: str, problems: list[str]) -> None:
@@ -293,34 +395,41 @@ def main() -> int:
             failures.append(name)
 
     try:
-        wait_until_up(f"{base}/-/versions.json", server)
+        wait_until_up(f"{base}/-/login", server)
+        visits = {name: path for name, (path, _) in pages.items()} | {"database": "/audit"}
+        doms, asked = Browser(args.chromium, work / "profile").visit(base, visits, shots)
+        report("login", "/-/login", [] if asked else ["the first page did not ask for the officer's login"])
         for name, (path, expected) in pages.items():
-            dom = dump_dom(args.chromium, base + path, work / f"profile-{name}")
+            dom = doms[name]
             problems = page_problems(dom)
             shown = table_rows(dom)
             picked = [{column: row.get(column) for column in want} for row, want in zip(shown, expected)]
             if len(shown) != len(expected) or picked != expected:
                 problems.append(f"rows shown {shown}, expected {expected}")
-            screenshot(args.chromium, base + path, work / f"profile-{name}", shots / f"{name}.png")
             report(name, path, problems)
 
         # The sealed seeds: not listed among the tables, and refused as a table view or its JSON.
-        dom = dump_dom(args.chromium, f"{base}/audit", work / "profile-database")
+        dom = doms["database"]
         problems = ["listed on the database page"] if "sealed_seeds" in dom else []
         if "/audit/budget" not in dom:  # every table is hidden now: the page must still list the questions
             problems.append("database page lists no canned queries (cannot tell hidden from broken)")
+        officer = officer_opener(base)
         for path in ("/audit/sealed_seeds", "/audit/sealed_seeds.json", "/audit/releases.json",
                      "/audit.json?sql=" + urllib.parse.quote("select * from sealed_seeds")):
-            if (status := http_status(base + path)) != 403:
+            if (status := http_status(base + path, officer)) != 403:
                 problems.append(f"{path} answered {status}, not 403")
-        screenshot(args.chromium, f"{base}/audit", work / "profile-database", shots / "database.png")
         report("sealed_seeds", "/audit, /audit/sealed_seeds", problems)
 
         # No SQL at all, reads or writes: the SQL page is refused.
         write = urllib.parse.quote("DELETE FROM ledger")
-        status = http_status(f"{base}/audit?sql={write}")
+        status = http_status(f"{base}/audit?sql={write}", officer)
         report("write", "/audit?sql=DELETE FROM ledger",
                [] if status in (400, 403) else [f"answered {status}, not 400 or 403"])
+        # Without the login: no question answers (a redirect to the form, or 401 for JSON).
+        anonymous = {path: http_status(base + path) for path in ("/audit/budget?population=adult",
+                                                                 "/audit/budget.json?population=adult", "/audit")}
+        report("no login", "questions without a login",
+               [f"{path} answered {status}" for path, status in anonymous.items() if status not in (302, 401)])
     finally:
         server.terminate()
         server.wait(timeout=10)

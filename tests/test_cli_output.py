@@ -21,6 +21,8 @@ import urllib.request
 import pytest
 import yaml
 
+from kepsilon.prefect_login import authorization_header
+
 from .conftest import ROOT, release_spec_dict
 
 pytestmark = pytest.mark.server
@@ -70,13 +72,14 @@ def server_is_gone(output: str) -> bool:
     return True
 
 
-def flow_run_on(api_url: str, output: str, seconds: float = 30) -> dict:
-    """The flow run the CLI's 'View at' line names, as the server at ``api_url`` lists it, once finished."""
+def flow_run_on(api_url: str, output: str, seconds: float = 30, auth_string: str | None = None) -> dict:
+    """The flow run the CLI's 'View at' line names, as the server at ``api_url`` lists it, once finished
+    (asked with the server's login ``auth_string``)."""
     ids = re.findall(r"View at http://[^/]+/runs/flow-run/([0-9a-f-]{36})", output)
     assert len(ids) == 1, output
     request = urllib.request.Request(f"{api_url}/flow_runs/filter", method="POST",
                                      data=json.dumps({"flow_runs": {"id": {"any_": ids}}}).encode(),
-                                     headers={"Content-Type": "application/json"})
+                                     headers={"Content-Type": "application/json", **authorization_header(auth_string)})
     deadline = time.monotonic() + seconds
     while True:
         with urllib.request.urlopen(request, timeout=10) as response:
@@ -105,7 +108,7 @@ def test_a_successful_release_is_listed_by_the_configured_server_and_prints_no_e
         assert "ERROR" not in text, text
         assert "Prefect collects anonymous usage data" not in text  # the CLI sets DO_NOT_TRACK itself
     assert "local Prefect server of its own" not in err  # a configured server that answers is used
-    listed = flow_run_on(env["PREFECT_API_URL"], err)
+    listed = flow_run_on(env["PREFECT_API_URL"], err, auth_string=env["PREFECT_API_AUTH_STRING"])
     assert listed.get("state_type") == "COMPLETED", listed
     assert listed["parameters"]["spec"]["release_id"] == f"cli-ok-{attempt}"
     assert not list((work / "prefect").glob("kepsilon-release-server-*.log")), "no server of its own, no log"
@@ -120,7 +123,27 @@ def test_without_prefect_api_url_the_release_goes_to_the_make_serve_server(works
     code, out, err = run(workspace, "--release-id", "cli-serve", env=found)
     assert code == 0, err
     assert f"Prefect server: http://127.0.0.1:{port} (make serve)" in err
-    assert flow_run_on(env["PREFECT_API_URL"], err).get("state_type") == "COMPLETED"
+    assert flow_run_on(env["PREFECT_API_URL"], err, auth_string=env["PREFECT_API_AUTH_STRING"]).get("state_type") == "COMPLETED"
+
+
+def test_the_make_serve_server_with_a_login_the_cli_lacks_is_not_used(workspace):
+    """A server at PREFECT_PORT whose login the CLI does not have (no PREFECT_API_AUTH_STRING, another secret
+    in KEPSILON_PREFECT_AUTH_FILE) would refuse every report: the run goes to a server of its own, saying why."""
+    work, env = workspace
+    port = env["PREFECT_API_URL"].split(":")[2].split("/")[0]
+    wrong = work / "private" / "prefect-server.auth"
+    wrong.parent.mkdir(mode=0o700, exist_ok=True)
+    wrong.write_text("kepsilon:not-the-secret\n")
+    lacking = {**env, "PREFECT_PORT": port, "KEPSILON_PREFECT_AUTH_FILE": str(wrong),
+               "PREFECT_HOME": str(work / "own-prefect-login"), "PREFECT_SERVER_EPHEMERAL_STARTUP_TIMEOUT_SECONDS": "120"}
+    for name in ("PREFECT_API_URL", "PREFECT_API_AUTH_STRING"):
+        lacking.pop(name)
+    code, out, err = run(workspace, "--release-id", "cli-serve-wrong-login", env=lacking)
+    assert code == 0, err
+    notes = [line for line in err.splitlines() if "local Prefect server of its own" in line]
+    assert len(notes) == 1 and "refuses this run's login" in notes[0], err
+    assert "Traceback" not in out + err
+    assert server_is_gone(err)
 
 
 @pytest.mark.parametrize("attempt", range(OWN_SERVER_RUNS))

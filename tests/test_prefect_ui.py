@@ -30,6 +30,7 @@ from pathlib import Path
 import pytest
 
 from kepsilon.local_server import prefect_server, stop
+from kepsilon.prefect_login import authorization_header, read_auth_string
 
 from .conftest import ROOT, release_spec_dict
 
@@ -55,6 +56,65 @@ advise(AdviceRequest(spec=spec, draws=3))
 record = governed_release(spec)
 print(json.dumps({"advice": event["flow_run_id"], "release": record["execution"]["flow_run_id"]}))
 """
+
+# Prefect's login form (both UIs, shown while the browser holds no accepted login): a password input.
+LOGIN_SHOWN = "!!document.querySelector('input[type=password]')"
+# Fill the form as a person does (the native value setter, then an input event: React and Vue both listen)
+# and submit it: the form's own submit, else its button.
+LOG_IN = """((secret) => {
+    const input = document.querySelector('input[type=password]');
+    if (!input) return 'no login form';
+    Object.getOwnPropertyDescriptor(HTMLInputElement.prototype, 'value').set.call(input, secret);
+    input.dispatchEvent(new Event('input', {bubbles: true}));
+    input.dispatchEvent(new Event('change', {bubbles: true}));
+    const form = input.closest('form');
+    const button = (form || document).querySelector('button[type=submit]')
+        || [...document.querySelectorAll('button')].find(b => /log ?in|sign ?in|submit/i.test(b.textContent));
+    if (button) { button.click(); return 'clicked'; }
+    if (form) { form.requestSubmit(); return 'submitted'; }
+    return 'no button';
+})(%s)"""
+
+
+async def log_in(call, evaluate, url: str, login: str | None, timeout: float = 60) -> bool:
+    """Open ``url`` and log in through the UI's own form, then open ``url`` again; whether a form was shown.
+
+    V2 shows its login form on any page of a browser without an accepted login. V1 shows the page's frame
+    with an "Authentication failed." notice and no data; its form is at ``/login``, where a person goes. With
+    ``login`` None the page is left as an unauthenticated visitor sees it.
+    """
+    await call("Page.navigate", url=url)
+    deadline = time.monotonic() + timeout
+    shown = await _login_form_within(evaluate, seconds=10)
+    if login is None:
+        return shown
+    if not shown:
+        base = url.split("/", 3)
+        await call("Page.navigate", url=f"{base[0]}//{base[2]}/login")
+        shown = await _login_form_within(evaluate, seconds=20)
+        if not shown:
+            return False
+    assert await evaluate(LOG_IN % json.dumps(login)) in ("clicked", "submitted")
+    while await evaluate(LOGIN_SHOWN):
+        assert time.monotonic() < deadline, "the login form stayed after logging in"
+        await asyncio.sleep(0.5)
+    await asyncio.sleep(1)
+    await call("Page.navigate", url=url)
+    return shown
+
+
+async def _login_form_within(evaluate, seconds: float) -> bool:
+    for _ in range(int(seconds)):
+        await asyncio.sleep(1)
+        if await evaluate(LOGIN_SHOWN):
+            return True
+    return False
+
+
+# What an unauthenticated visitor is shown instead of the run: the login form (V2) or V1's notice.
+REFUSED_SHOWN = """!!document.querySelector('input[type=password]')
+    || document.body.innerText.includes('Authentication failed')"""
+
 
 # The plots a page shows: PNG <img>s the browser loaded and laid out wider than an icon.
 SHOWN_PLOTS = """[...document.querySelectorAll('img')].filter(i => i.src.startsWith('data:image/png')
@@ -84,31 +144,47 @@ def runs(tmp_path_factory):
         )
         assert done.returncode == 0, done.stderr[-3000:]
         ids = json.loads(done.stdout.strip().splitlines()[-1])
-        yield env["PREFECT_API_URL"].removesuffix("/api"), ids, work
+        yield env["PREFECT_API_URL"].removesuffix("/api"), ids, work, env["PREFECT_API_AUTH_STRING"]
 
 
 @pytest.mark.skipif(CHROMIUM is None, reason="needs Debian's chromium")
 @pytest.mark.parametrize("run, plots", [("advice", 3), ("release", 2)])
 @pytest.mark.parametrize("ui", ["v2", "v1"])
 def test_the_runs_page_shows_its_plots_on_its_artifacts_tab(runs, run, plots, ui):
-    base, ids, work = runs
+    base, ids, work, login = runs
     if ui == "v2":
         url, click = f"{base}/v2/runs/flow-run/{ids[run]}?tab=Artifacts", None
     else:
         url, click = f"{base}/runs/flow-run/{ids[run]}", "Artifacts"
     screenshot = os.environ.get(SCREENSHOT_ENV) if (ui, run) == ("v2", "advice") else None
-    shown = Browser().count_plots(url, click, expect=plots, screenshot=Path(screenshot) if screenshot else None)
+    browser = Browser(login=login)
+    shown = browser.count_plots(url, click, expect=plots, screenshot=Path(screenshot) if screenshot else None)
+    assert browser.login_form_shown  # the server requires its login; the browser logged in through the UI's form
     assert shown == plots
     # The figures went to the private report folder and the run, never to the published release.
     published = work / "out" / "ui-check"
     assert sorted(p.name for p in published.iterdir()) == ["data.csv", "data.parquet", "manifest.json"]
 
 
+@pytest.mark.skipif(CHROMIUM is None, reason="needs Debian's chromium")
+@pytest.mark.parametrize("ui", ["v2", "v1"])
+def test_a_visitor_without_the_login_gets_the_login_form_and_no_run(runs, ui):
+    """The same page, no login: the UI shows its login form and nothing of the run (its API calls answer 401)."""
+    base, ids, _, _ = runs
+    url = f"{base}/v2/runs/flow-run/{ids['advice']}?tab=Artifacts" if ui == "v2" else f"{base}/runs/flow-run/{ids['advice']}"
+    browser = Browser(login=None, timeout=10)
+    assert browser.count_plots(url, None, expect=3) == 0
+    assert browser.refusal_shown
+
+
 class Browser:
     """Headless Chromium over the DevTools protocol: load a page, click a tab, count what it shows."""
 
-    def __init__(self, width: int = 1400, height: int = 1800, timeout: float = 60):
+    def __init__(self, width: int = 1400, height: int = 1800, timeout: float = 60, login: str | None = None):
         self.width, self.height, self.timeout = width, height, timeout
+        self.login = login
+        self.login_form_shown = False
+        self.refusal_shown = False
 
     def count_plots(self, url: str, click: str | None, expect: int, screenshot: Path | None = None) -> int:
         port = _free_port()
@@ -143,7 +219,7 @@ class Browser:
                 return (await call("Runtime.evaluate", expression=expression, returnByValue=True)).get("result", {}).get("value")
 
             await call("Emulation.setDeviceMetricsOverride", width=self.width, height=self.height, deviceScaleFactor=1, mobile=False)
-            await call("Page.navigate", url=url)
+            self.login_form_shown = await log_in(call, evaluate, url, self.login)
             deadline = time.monotonic() + self.timeout
             clicked = click is None
             shown = 0
@@ -157,6 +233,7 @@ class Browser:
                     break
             await asyncio.sleep(1)  # let the last images settle before counting again and capturing
             shown = await evaluate(SHOWN_PLOTS) or 0
+            self.refusal_shown = bool(await evaluate(REFUSED_SHOWN))
             if screenshot is not None:
                 import base64
 
@@ -258,13 +335,21 @@ class Served:
             KEPSILON_AUDIT_HEAD_LOG=str(self.private / "head.log"),
             KEPSILON_SEED_KEY_FILE=str(self.private / "seed.key"),
             KEPSILON_REPORTS_DIR=str(self.private / "reports"),
+            KEPSILON_PREFECT_AUTH_FILE=str(self.private / "prefect-server.auth"),
         )
         self.process: subprocess.Popen | None = None
+
+    @property
+    def login(self) -> str:
+        """The login serve.sh generated for its server (kept in the private folder)."""
+        login = read_auth_string(self.private / "prefect-server.auth")
+        assert login is not None
+        return login
 
     def api(self, method: str, path: str, body: dict | None = None):
         request = urllib.request.Request(
             f"{self.base}/api{path}", method=method, data=None if body is None else json.dumps(body).encode(),
-            headers={"content-type": "application/json"},
+            headers={"content-type": "application/json", **authorization_header(self.login)},
         )
         with urllib.request.urlopen(request, timeout=30) as response:
             return json.load(response)
@@ -315,7 +400,7 @@ def served(tmp_path_factory):
         server.stop()
 
 
-def submit_form(url: str, edits: list[tuple[str, int, str]], screenshot: Path | None = None) -> str:
+def submit_form(url: str, edits: list[tuple[str, int, str]], login: str, screenshot: Path | None = None) -> str:
     """Open a custom-run page, apply ``edits``, press Submit; the id of the flow run the server created."""
     port = _free_port()
     profile = tempfile.mkdtemp(prefix="kepsilon-chromium-")
@@ -326,13 +411,13 @@ def submit_form(url: str, edits: list[tuple[str, int, str]], screenshot: Path | 
         stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
     )
     try:
-        return asyncio.run(_submit(_page_socket(port), url, edits, screenshot))
+        return asyncio.run(_submit(_page_socket(port), url, edits, login, screenshot))
     finally:
         stop(browser, seconds=10)
         shutil.rmtree(profile, ignore_errors=True)
 
 
-async def _submit(socket_url: str, url: str, edits, screenshot: Path | None, timeout: float = 90) -> str:
+async def _submit(socket_url: str, url: str, edits, login: str, screenshot: Path | None, timeout: float = 90) -> str:
     import base64
 
     import websockets
@@ -363,7 +448,7 @@ async def _submit(socket_url: str, url: str, edits, screenshot: Path | None, tim
 
         await call("Network.enable")
         await call("Emulation.setDeviceMetricsOverride", width=1400, height=1000, deviceScaleFactor=1, mobile=False)
-        await call("Page.navigate", url=url)
+        assert await log_in(call, evaluate, url, login), "make serve's UI asked for no login"
         deadline = time.monotonic() + timeout
         while not await evaluate(HAS_SUBMIT):
             assert time.monotonic() < deadline, f"no Submit button on {url}"
@@ -399,8 +484,8 @@ def test_the_custom_run_form_submits_untouched_and_edited_and_both_runs_complete
     deployment_id = served.deployment_id(deployment)
     url = f"{served.base}{'/v2' if ui == 'v2' else ''}/deployments/deployment/{deployment_id}/run"
     screenshot = os.environ.get(FORM_SCREENSHOT_ENV) if (ui, deployment) == ("v2", "release") else None
-    untouched = submit_form(url, [], screenshot=Path(screenshot) if screenshot else None)
-    edited = submit_form(url, EDITS[deployment])
+    untouched = submit_form(url, [], served.login, screenshot=Path(screenshot) if screenshot else None)
+    edited = submit_form(url, EDITS[deployment], served.login)
     runs = {name: served.wait_final(run_id) for name, run_id in (("untouched", untouched), ("edited", edited))}
     assert {name: run["state_type"] for name, run in runs.items()} == {"untouched": "COMPLETED", "edited": "COMPLETED"}, (
         (served.private / "serve.log").read_text()[-4000:]

@@ -167,3 +167,12 @@ def test_a_store_put_back_from_a_backup_is_refused_before_epsilon_with_or_withou
     table = rollback_scenario(results, server, base / "rollback", sample)
     assert_all_pass(results, CATEGORY, minimum=8 * len(WAYS))
     assert [row["refused_before_epsilon"] for row in table] == [True] * len(WAYS)
+
+
+@pytest.mark.heavy  # a release, a throw-away server of the CLI's kind and a Datasette: about 90 s
+def test_unauthenticated_requests_to_prefect_and_the_officers_datasette_are_refused(server, base, sample):
+    from reliability.logins import CATEGORY, logins_scenario
+
+    results = Results()
+    logins_scenario(results, server, base / "logins", sample)
+    assert_all_pass(results, CATEGORY, minimum=35)

@@ -20,6 +20,7 @@ from pathlib import Path
 import pytest
 
 from kepsilon.local_server import free_port
+from kepsilon.prefect_login import authorization_header, read_auth_string
 
 from .conftest import ROOT
 
@@ -77,10 +78,12 @@ def _alive(session: int, seen: dict[int, int]) -> dict[int, str]:
     return alive
 
 
-def _worker_registered(api: str) -> bool:
+def _worker_registered(api: str, auth_file: Path) -> bool:
+    """Whether a worker has registered, asked with make serve's login (its file exists once serve.sh made it)."""
+    login = read_auth_string(auth_file) if auth_file.exists() else None
     request = urllib.request.Request(
         f"{api}/work_pools/kepsilon-process/workers/filter", data=b"{}", method="POST",
-        headers={"Content-Type": "application/json"},
+        headers={"Content-Type": "application/json", **authorization_header(login)},
     )
     try:
         with urllib.request.urlopen(request, timeout=3) as response:
@@ -101,8 +104,10 @@ def _worker_registered(api: str) -> bool:
 def test_one_signal_stops_server_and_worker_within_10_seconds(tmp_path, signal_number, to_group):
     port = free_port()
     api = f"http://127.0.0.1:{port}/api"
-    env = {**os.environ, "PREFECT_HOME": str(tmp_path / "prefect"), "PREFECT_PORT": str(port)}
-    for name in ("PREFECT_API_URL", "KEPSILON_FAULT_AT"):
+    auth_file = tmp_path / "private" / "prefect-server.auth"
+    env = {**os.environ, "PREFECT_HOME": str(tmp_path / "prefect"), "PREFECT_PORT": str(port),
+           "KEPSILON_PREFECT_AUTH_FILE": str(auth_file)}
+    for name in ("PREFECT_API_URL", "PREFECT_API_AUTH_STRING", "KEPSILON_FAULT_AT"):
         env.pop(name, None)
     log_path = tmp_path / "serve.log"
     with open(log_path, "wb") as log:
@@ -113,7 +118,7 @@ def test_one_signal_stops_server_and_worker_within_10_seconds(tmp_path, signal_n
     seen: dict[int, int] = {}
     try:
         deadline = time.monotonic() + 240
-        while not _worker_registered(api):
+        while not _worker_registered(api, auth_file):
             assert serve.poll() is None, f"serve.sh exited early ({serve.returncode}):\n{log_path.read_text()}"
             assert time.monotonic() < deadline, f"no worker registered in 240 s:\n{log_path.read_text()}"
             time.sleep(1)

@@ -1,0 +1,43 @@
+"""``kepsilon officers``, run as the docs say: accounts of the officers' audit UI, hashes only, owner-only file;
+bad input is one line naming the parameter, exit 2, and the password never appears in the output or the file."""
+
+import os
+import subprocess
+
+from kepsilon.audit import officers
+
+from .conftest import ROOT
+
+KEPSILON = str(ROOT / ".venv" / "bin" / "kepsilon")
+
+
+def _officers(tmp_path, *args: str, stdin: str = "") -> subprocess.CompletedProcess:
+    env = {**os.environ, officers.ENV_ACCOUNTS: str(tmp_path / "private" / "accounts.json")}
+    return subprocess.run([KEPSILON, "officers", *args], input=stdin, env=env, capture_output=True, text=True,
+                          timeout=120, cwd=tmp_path)
+
+
+def test_add_list_check_remove(tmp_path):
+    password = "a long enough password"
+    refused = _officers(tmp_path, "check")
+    assert refused.returncode == 2 and "no officer account" in refused.stderr and len(refused.stderr.splitlines()) == 1
+    added = _officers(tmp_path, "add", "olivia", "--password-stdin", stdin=password + "\n")
+    assert added.returncode == 0, added.stderr
+    assert _officers(tmp_path, "list").stdout.split() == ["olivia"]
+    assert _officers(tmp_path, "check").returncode == 0
+    accounts = tmp_path / "private" / "accounts.json"
+    assert accounts.stat().st_mode & 0o777 == 0o600 and accounts.parent.stat().st_mode & 0o777 == 0o700
+    assert password not in accounts.read_text() and password not in added.stdout + added.stderr
+    assert officers.check("olivia", password, accounts) and not officers.check("olivia", password + "x", accounts)
+    assert _officers(tmp_path, "remove", "olivia").returncode == 0
+    assert not officers.check("olivia", password, accounts)
+
+
+def test_bad_input_is_one_line_exit_2(tmp_path):
+    for args, stdin, word in ((("add", "olivia", "--password-stdin"), "short\n", "password"),
+                              (("add", "../etc", "--password-stdin"), "a long enough password\n", "officer name"),
+                              (("remove", "nobody"), "", "no such account")):
+        done = _officers(tmp_path, *args, stdin=stdin)
+        assert done.returncode == 2, done.stderr
+        assert len(done.stderr.strip().splitlines()) == 1 and word in done.stderr and "Traceback" not in done.stderr
+        assert "short" not in done.stderr
