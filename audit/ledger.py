@@ -21,13 +21,13 @@ void are each a new attributed row; a reservation's status is derived from later
 from __future__ import annotations
 
 import math
-import os
 from dataclasses import dataclass
 from decimal import ROUND_CEILING, ROUND_FLOOR, Decimal, InvalidOperation
 from fractions import Fraction
 
 import sqlite_utils
 
+from kepsilon import settings
 from kepsilon.tasks.errors import KepsilonError, SpecError
 
 from .store import append, ensure_population, now, require_text, write_transaction
@@ -265,7 +265,7 @@ def _as_reservation(conn, row, reused: bool) -> Reservation:
 
 def _default_cap(conn, population_id: str) -> int | None:
     """Create the population's cap from env KEPSILON_DEFAULT_CAP, attributed to 'kepsilon-default'."""
-    raw = os.environ.get(ENV_DEFAULT_CAP)
+    raw = settings.current().default_cap
     if not raw:
         return None
     nano = to_nano(ENV_DEFAULT_CAP, raw, round_up=False)

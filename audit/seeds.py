@@ -9,12 +9,12 @@ Every unseal is recorded (who, why, when, whether the commitment verified) befor
 from __future__ import annotations
 
 import hashlib
-import os
 from pathlib import Path
 
 import sqlite_utils
 from cryptography.fernet import Fernet, InvalidToken
 
+from kepsilon import settings
 from kepsilon.tasks.errors import KepsilonError, SpecError
 
 from .private import DEFAULT_FOLDER, owner_only, private_folder, write_private_file
@@ -54,7 +54,7 @@ def _check_seed(seed) -> None:
 
 def key_file_path() -> Path:
     """The key file: env KEPSILON_SEED_KEY_FILE or ./.kepsilon/seed.key."""
-    return Path(os.environ.get(ENV_KEY_FILE) or DEFAULT_KEY_FILE)
+    return settings.current().seed_key_file or Path(DEFAULT_KEY_FILE)
 
 
 def _load_key() -> bytes:
@@ -63,7 +63,7 @@ def _load_key() -> bytes:
     A key file whose folder others can write to is refused (they could swap the key); an older, wider
     key file is narrowed to its owner.
     """
-    raw = os.environ.get(ENV_KEY)
+    raw = settings.current().seed_key
     source = ENV_KEY
     if not raw:
         path = key_file_path()

@@ -31,6 +31,7 @@ from pathlib import Path
 import sqlite_utils
 from sqlite_utils.migrations import Migrations
 
+from kepsilon import settings
 from kepsilon.tasks.errors import SpecError
 
 from .errors import StoreUnavailable, sqlite_cause, unavailable
@@ -307,7 +308,7 @@ MAX_BUSY_TIMEOUT_S = 86_400
 
 def busy_timeout_ms() -> int:
     """How long a write waits for another writer's lock: env KEPSILON_AUDIT_BUSY_TIMEOUT (seconds), else 60 s."""
-    raw = os.environ.get(ENV_BUSY_TIMEOUT)
+    raw = settings.current().audit_busy_timeout
     if not raw:
         return BUSY_TIMEOUT_MS
     try:
@@ -364,9 +365,9 @@ def store_path(path: str | Path | None = None) -> Path:
     """
     if path is not None:
         return Path(path)
-    configured = os.environ.get(ENV_PATH)
-    if configured:
-        return Path(configured)
+    configured = settings.current().audit_db
+    if configured is not None:
+        return configured
     if Path(LEGACY_PATH).exists():
         raise SpecError(
             ENV_PATH,

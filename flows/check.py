@@ -116,8 +116,7 @@ def _approval_verdict(spec, operator: str, store: str) -> Verdict:
 
 def _cap_verdict(spec, key: str | None, store: str) -> Verdict:
     """The ε left under the population's cap (or the default cap it would get), read only."""
-    import os
-
+    from kepsilon import settings
     from kepsilon.audit.ledger import ENV_DEFAULT_CAP, budget, from_nano, to_nano
     from kepsilon.audit.store import open_store
 
@@ -131,7 +130,7 @@ def _cap_verdict(spec, key: str | None, store: str) -> Verdict:
     finally:
         db.close()
     if state["cap"] is None:
-        raw = os.environ.get(ENV_DEFAULT_CAP)
+        raw = settings.current().default_cap
         if not raw:
             return Verdict("ε cap", False, parameter="population_id",
                            detail=f"population {spec.population_id!r} has no ε cap (an officer sets one)")

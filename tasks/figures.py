@@ -24,6 +24,8 @@ matplotlib.use("Agg")  # headless: workers and CI have no display
 import matplotlib.pyplot as plt  # noqa: E402  (after choosing the backend)
 import numpy as np  # noqa: E402
 
+from kepsilon import settings
+
 from .errors import SpecError  # noqa: E402
 
 REPORTS_ENV = "KEPSILON_REPORTS_DIR"
@@ -41,7 +43,7 @@ def private_report_dir(name: str, output_dir: str | Path | None = None) -> Path:
     """
     from kepsilon.audit.private import private_folder
 
-    root = Path(os.environ.get(REPORTS_ENV) or DEFAULT_REPORTS_DIR).resolve()
+    root = (settings.current().reports_dir or Path(DEFAULT_REPORTS_DIR)).resolve()
     folder = root / name
     if output_dir is not None:
         published = Path(output_dir).resolve()

@@ -6,12 +6,12 @@ runnable on another worker). A refusal (no approval, budget exhausted) and a fai
 recorded too, so officers can see what was attempted, not only what was published.
 """
 
-import os
 from pathlib import Path
 
 from prefect import task
 from prefect.cache_policies import NO_CACHE
 
+from kepsilon import settings
 from kepsilon.audit.approvals import ApprovalMissing, require_approval
 from kepsilon.audit.integrity import check_store
 from kepsilon.audit.ledger import BudgetExceeded, Reservation, mark_noise_drawn, reserve
@@ -129,7 +129,7 @@ def check_seed_key(store: str, key: str) -> None:
         ).fetchone()
     finally:
         db.close()
-    raw, source = os.environ.get(seeds.ENV_KEY), seeds.ENV_KEY
+    raw, source = settings.current().seed_key, seeds.ENV_KEY
     if not raw:
         path, source = seeds.key_file_path(), seeds.ENV_KEY_FILE
         if not path.exists():
