@@ -25,7 +25,7 @@ What is checked, in one read snapshot:
    present: exported again to the same path later, a file knows a head an older copy of the store lacks.
 
 Cost, measured by ``benchmarks/bench_audit.py``: linear in the number of chain entries; for 100,000
-ledger entries about 0.8 s on a 2-core machine (see the README). ``integrity_check`` runs in a thread
+ledger entries about 0.8 s on a 2-core machine (docs/performance.md). ``integrity_check`` runs in a thread
 on its own connection, overlapping the chain walk when a second core is free.
 """
 

@@ -334,7 +334,7 @@ def _promote_a_k_quasi(suggestions: list[Suggestion], frame: pd.DataFrame) -> No
     if not numbers:
         raise InitRefused(
             "no column can be a k-quasi (categories, codes, dates or numbers, complete); write the spec by hand "
-            "(README, 'The release spec')"
+            "(docs/spec.md)"
         )
     chosen = min(numbers, key=lambda s: frame[s.column].nunique())
     chosen.role, chosen.hierarchy = "k_quasi", _intervals(*chosen.bounds)
@@ -389,7 +389,7 @@ def render(starter: StarterSpec) -> str:
         "#      a few more; agree the figure with your privacy officer (`kepsilon audit budget` shows what is left).",
         f"#   3. kepsilon check {spec_name}     a dry run: 'would publish', or what to change; spends nothing",
         f"#   4. kepsilon release {spec_name}   publishes into {_output_dir()}/{population}-DATE/ beside this file",
-        "# Every field: README.md, 'The release spec'. Hierarchies (builders and files): docs/hierarchies.md.",
+        "# Every field: docs/spec.md. Hierarchies (builders and files): docs/hierarchies.md.",
         f"release_id: {_yaml_text(starter.release_id)}   # {{date}}: the run's day, so each day's run has its own id",
         f"population_id: {_yaml_text(population)}   # the people whose ε budget the release spends",
     ]

@@ -20,7 +20,7 @@ Common random numbers: every ε of one k gets the same standard Laplace draws (s
 the curves against ε are smooth and differences between cells are not noise between draws.
 
 Everything here is computed from private values: the figures are for the steward only, and choosing
-parameters from them is itself a data-dependent choice (see the README). This module draws no ε from
+parameters from them is itself a data-dependent choice (docs/advise.md). This module draws no ε from
 any ledger and writes nothing; recording the advice and writing figures is the caller's job.
 No Prefect import here: the flow (``flows/advise.py``) and the CLI wrap it.
 """

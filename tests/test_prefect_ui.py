@@ -8,7 +8,7 @@ plots the page really rendered (``<img>`` elements holding a PNG, loaded, wider 
 Debian's ``chromium``.
 
 ``KEPSILON_UI_SCREENSHOT=docs/advice-figures-in-prefect-ui.png`` also saves the V2 page of the advice run there
-(the README's screenshot). Slow (about a minute): a server, two flow runs, four page loads.
+(the screenshot in docs/advise.md). Slow (about a minute): a server, two flow runs, four page loads.
 
 The second part (below) submits the deployments' "Custom run" forms under ``deployments/serve.sh`` in both UIs,
 untouched and edited, and waits for the runs (about nine minutes on a loaded machine).
