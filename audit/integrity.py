@@ -145,10 +145,10 @@ def inspect_store(
     conn = db_or_path.conn if isinstance(db_or_path, sqlite_utils.Database) else db_or_path
     store = database_file(conn)
     inspection = Inspection(store=store or "(in memory)")
-    log_path = head_log_path(store, head_log) if store else None
-    heads = _read_log(log_path, inspection) if log_path else []
+    store_log = head_log_path(store, head_log) if store else None
+    heads = _read_log(store_log, inspection) if store_log else []
     witnesses = _published_witnesses(store, manifests_in, population, inspection) if store else None
-    _inspect(conn, inspection, heads, log_path, checkpoint, witnesses)
+    _inspect(conn, inspection, heads, store_log, checkpoint, witnesses)
     return inspection
 
 

@@ -63,7 +63,7 @@ def _load_key() -> bytes:
     A key file whose folder others can write to is refused (they could swap the key); an older, wider
     key file is narrowed to its owner.
     """
-    raw = settings.current().seed_key
+    raw: str | bytes | None = settings.current().seed_key
     source = ENV_KEY
     if not raw:
         path = key_file_path()
@@ -180,7 +180,7 @@ def unseal_seed(
                 "created_at": now(),
             },
         )
-    if not verified:
+    if not verified or seed is None:
         raise SeedIntegrityError(
             f"release {release_found!r}: the sealed seed cannot be decrypted with this key or fails its commitment"
         )

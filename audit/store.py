@@ -27,6 +27,7 @@ from collections.abc import Callable, Iterator
 from datetime import UTC, datetime
 from json.encoder import encode_basestring
 from pathlib import Path
+from typing import Any
 
 import sqlite_utils
 from sqlite_utils.migrations import Migrations
@@ -690,7 +691,7 @@ class RowEncoder:
         template = '{"row":{' + ",".join(key.replace("%", "%%") + "%s" for key, _, _ in items)
         template += self._suffix.replace("%", "%%")
         values = ", ".join(f"J[type(r[{i}])](r[{i}])" for _, i, _ in items)
-        namespace = {"T": template, "J": _VALUE_JSON}
+        namespace: dict[str, Any] = {"T": template, "J": _VALUE_JSON}
         exec(f"def content(r):\n    return T % ({values},)\n", namespace)  # noqa: S102 - positions only
         return namespace["content"]
 
@@ -739,9 +740,12 @@ def append(conn: sqlite3.Connection, table: str, row: dict) -> int:
     names = ", ".join(f"[{c}]" for c in columns)
     cursor = conn.execute(f"INSERT INTO [{table}] ({names}) VALUES ({placeholders})", [row[c] for c in columns])
     row_id = cursor.lastrowid
+    content = row_content(conn, table, row_id) if row_id is not None else None
+    if row_id is None or content is None:  # an INSERT sets lastrowid, and its row reads back in its transaction
+        raise RuntimeError(f"the row just inserted into {table!r} cannot be read back")
     head = conn.execute("SELECT entry_hash FROM chain ORDER BY seq DESC LIMIT 1").fetchone()
     previous = head[0] if head else GENESIS_HASH
-    entry_hash = chain_hash(previous, row_content(conn, table, row_id))
+    entry_hash = chain_hash(previous, content)
     conn.execute(
         "INSERT INTO chain (table_name, row_id, entry_hash) VALUES (?, ?, ?)", (table, row_id, entry_hash)
     )

@@ -14,6 +14,8 @@ from __future__ import annotations
 
 import logging
 
+from distributed.diagnostics.plugin import WorkerPlugin
+
 from kepsilon import settings
 
 ENV_WORKER_TRACEBACKS = "KEPSILON_WORKER_TRACEBACKS"
@@ -35,10 +37,6 @@ def filter_console_handlers() -> None:
             handler.addFilter(NoTracebacks())
 
 
-try:
-    from distributed.diagnostics.plugin import WorkerPlugin
-except ImportError:  # without distributed there are no workers to quieten
-    WorkerPlugin = object
 
 
 class HideTracebacks(WorkerPlugin):
