@@ -17,6 +17,7 @@ figures are the steward's: private, never in a public file.
 """
 
 import getpass
+from typing import Any
 
 from prefect import flow
 from prefect.runtime import flow_run
@@ -46,7 +47,7 @@ def check_release(spec: ReleaseSpec, *, via: str, flow_run_id: str | None = None
     operator = spec.operator or getpass.getuser()
     store = store_location()
     verdicts = Verdicts(collect=True)
-    result = {"release_id": spec.release_id, "population_id": spec.population_id, "event_id": None}
+    result: dict[str, Any] = {"release_id": spec.release_id, "population_id": spec.population_id, "event_id": None}
     store_ok, _ = verdicts.attempt("audit store", _verify, store)
     read, source = verdicts.attempt("ingest", read_source, spec.source)
     if read and store_ok:
@@ -63,7 +64,7 @@ def check_release(spec: ReleaseSpec, *, via: str, flow_run_id: str | None = None
         _, partition = verdicts.attempt("anonymiser", k_anonymise, table.frame, spec)
     verdicts.attempt("output folder", check_output_dir, spec.output_dir, spec.release_id,
                      _estimate_basis(source, spec) if read else 0)
-    if partition is not None and store_ok:
+    if partition is not None and store_ok and key is not None:
         result["predicted"] = pre_epsilon_in_memory(verdicts, spec, store, key, table, partition)
     if store_ok:
         verdicts.add(_approval_verdict(spec, operator, store))

@@ -241,7 +241,7 @@ class Roles(FormModel):
         for entry in self.sensitive:
             if isinstance(entry, str) or (entry.l_diversity is None and entry.t_closeness is None):
                 continue
-            criteria = {}
+            criteria: dict[str, Any] = {}
             if entry.l_diversity is not None:
                 criteria["l_diversity"] = entry.l_diversity.model_dump(mode="json", exclude_none=True)
             if entry.t_closeness is not None:

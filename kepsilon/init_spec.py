@@ -131,7 +131,7 @@ def _delimiter(data_path: Path) -> str:
     except OSError:
         return ","  # the ingest refuses the file with the system's reason
     counts = {candidate: header.count(candidate) for candidate in (",", ";", "\t", "|")}
-    best = max(counts, key=counts.get)
+    best = max(counts, key=lambda candidate: counts[candidate])
     return best if counts[best] else ","
 
 
@@ -337,6 +337,8 @@ def _promote_a_k_quasi(suggestions: list[Suggestion], frame: pd.DataFrame) -> No
             "(docs/spec.md)"
         )
     chosen = min(numbers, key=lambda s: frame[s.column].nunique())
+    if chosen.bounds is None:  # every ε-quasi suggestion carries the bounds read for it
+        raise ValueError(f"suggestion for {chosen.column!r} has no bounds")
     chosen.role, chosen.hierarchy = "k_quasi", _intervals(*chosen.bounds)
     chosen.bounds, chosen.why = None, "numbers: intervals (a release needs at least one k-quasi)"
 
@@ -436,9 +438,13 @@ def _entry_lines(entry: Suggestion) -> list[str]:
             f"      acknowledge_identifier: [{', '.join(entry.acknowledge)}]   # the detector's signal, expected for this kind of column"
         )
     if entry.role == "k_quasi":
+        if entry.hierarchy is None:  # suggest() gives every k-quasi a hierarchy builder
+            raise ValueError(f"k-quasi suggestion for {entry.column!r} has no hierarchy")
         comment = _FROM_DATA if entry.bounds_from_data else _HIERARCHY_NOTE[entry.hierarchy["kind"]]
         lines.append(f"      hierarchy: {_hierarchy_text(entry.hierarchy)}   # {comment}")
     else:
+        if entry.bounds is None:  # suggest() gives every ε-quasi the bounds it read
+            raise ValueError(f"ε-quasi suggestion for {entry.column!r} has no bounds")
         lower, upper = entry.bounds
         lines.append(f"      lower: {_number(lower)}   # {_FROM_DATA}")
         lines.append(f"      upper: {_number(upper)}   # {_FROM_DATA}")

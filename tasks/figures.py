@@ -228,7 +228,7 @@ def release_figures(group_sizes: np.ndarray, predicted: np.ndarray, measured: np
 def _group_sizes(sizes: np.ndarray, k: int, size: _Size) -> bytes:
     """Histogram of the published groups' sizes (log bins), with k marked."""
     figure, axes = plt.subplots(figsize=size.figsize(7, 4.5))
-    bins = np.unique(np.geomspace(max(1, sizes.min()), sizes.max() + 1, 30).astype(int)) if len(sizes) else 10
+    bins: list[int] | int = np.unique(np.geomspace(max(1, sizes.min()), sizes.max() + 1, 30).astype(int)).tolist() if len(sizes) else 10
     axes.hist(sizes, bins=bins, color="tab:blue", edgecolor="white")
     axes.axvline(k, color="tab:red", linestyle="--", linewidth=1, label=f"k = {k}")
     axes.set(xscale="log", xlabel="records in the group", ylabel="groups", title=f"{len(sizes)} published groups")

@@ -129,7 +129,8 @@ def check_seed_key(store: str, key: str) -> None:
         ).fetchone()
     finally:
         db.close()
-    raw, source = settings.current().seed_key, seeds.ENV_KEY
+    raw: str | bytes | None = settings.current().seed_key
+    source = seeds.ENV_KEY
     if not raw:
         path, source = seeds.key_file_path(), seeds.ENV_KEY_FILE
         if not path.exists():
