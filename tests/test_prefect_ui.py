@@ -36,7 +36,7 @@ from .conftest import ROOT, release_spec_dict
 # Headless Chromium against a real server, about 60 s: `make test-heavy` (like `make audit-ui-check`).
 pytestmark = [pytest.mark.server, pytest.mark.heavy]
 
-CHROMIUM = shutil.which("chromium")
+CHROMIUM = shutil.which("chromium") or ""  # empty: not installed, the browser tests are skipped
 SCREENSHOT_ENV = "KEPSILON_UI_SCREENSHOT"
 
 RUN_BOTH = """
@@ -87,7 +87,7 @@ def runs(tmp_path_factory):
         yield env["PREFECT_API_URL"].removesuffix("/api"), ids, work
 
 
-@pytest.mark.skipif(CHROMIUM is None, reason="needs Debian's chromium")
+@pytest.mark.skipif(not CHROMIUM, reason="needs Debian's chromium")
 @pytest.mark.parametrize("run, plots", [("advice", 3), ("release", 2)])
 @pytest.mark.parametrize("ui", ["v2", "v1"])
 def test_the_runs_page_shows_its_plots_on_its_artifacts_tab(runs, run, plots, ui):
@@ -392,7 +392,7 @@ async def _submit(socket_url: str, url: str, edits, screenshot: Path | None, tim
         return json.loads(body)["id"]
 
 
-@pytest.mark.skipif(CHROMIUM is None, reason="needs Debian's chromium")
+@pytest.mark.skipif(not CHROMIUM, reason="needs Debian's chromium")
 @pytest.mark.parametrize("deployment", ["release", "advice"])
 @pytest.mark.parametrize("ui", ["v2", "v1"])
 def test_the_custom_run_form_submits_untouched_and_edited_and_both_runs_complete(served, ui, deployment):
