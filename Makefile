@@ -27,7 +27,7 @@ $(VENV)/.installed: pyproject.toml constraints.txt
 demo: install
 	KEPSILON_DEFAULT_CAP=$${KEPSILON_DEFAULT_CAP:-10} $(BIN)/kepsilon release releases/paper-synthetic.yaml
 
-## test: lint (ruff), types (mypy through scripts/typecheck.py: kepsilon/, flows/, tasks/, audit/) and the test
+## test: lint (ruff), types (mypy through scripts/typecheck.py, over [tool.mypy] files in pyproject.toml) and the test
 ## suite (the heavy variants run in make test-heavy)
 test: install
 	$(BIN)/ruff check .
@@ -39,17 +39,14 @@ test-heavy: install
 	$(BIN)/pytest -m heavy
 
 ## bench: stage timings and two whole releases (release-1m in memory, release-10m-dask), written to
-## benchmarks/results.json, then rendered into docs/performance.md's marked tables; the synthetic populations are
-## generated once into benchmarks/.populations/
+## benchmarks/results.json; the synthetic populations are generated once into benchmarks/.populations/
 bench: install
 	$(BIN)/python -m benchmarks.run
-	$(BIN)/python -m benchmarks.doc_tables
 
 ## bench-scale: the dask engine at 1M, 5M and 10M rows and release-1m, with every process's peak memory
 ## (benchmarks/scale-results.json); about 8 minutes
 bench-scale: install
 	$(BIN)/python -m benchmarks.scale --series
-	$(BIN)/python -m benchmarks.doc_tables
 
 ## disclosure-cost: what ℓ = 2 and t = 0.2 on salary-class cost on UCI Adult (markdown table)
 disclosure-cost: install

@@ -166,7 +166,7 @@ def unseal_seed(
             seed = Fernet(key).decrypt(ciphertext)
             verified = hashlib.sha256(seed).hexdigest() == commitment
         except InvalidToken:
-            seed, verified = None, False
+            seed, verified = b"", False  # never returned: not verified
         append(
             conn,
             "unseal_events",
@@ -180,7 +180,7 @@ def unseal_seed(
                 "created_at": now(),
             },
         )
-    if not verified or seed is None:
+    if not verified:
         raise SeedIntegrityError(
             f"release {release_found!r}: the sealed seed cannot be decrypted with this key or fails its commitment"
         )
