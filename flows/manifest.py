@@ -15,7 +15,7 @@ from pathlib import Path
 import numpy as np
 
 import kepsilon
-from kepsilon.flows.spec import EQuasi, KQuasi, ReleaseSpec, SensitiveColumn
+from kepsilon.flows.spec import ReleaseSpec
 
 _LIBRARIES = ("prefect", "numpy", "pandas", "great_expectations", "sqlite-utils", "pydantic", "pyarrow")
 
@@ -237,11 +237,8 @@ def hierarchy_descriptions(spec: ReleaseSpec, hashes: dict) -> dict:
     above level 0 (``hashes`` names exactly the hierarchies used).
     """
     k_quasis = {quasi.column for quasi in spec.roles.k_quasi}
-    entries: list[KQuasi | EQuasi | SensitiveColumn] = [
-        *spec.roles.k_quasi, *spec.roles.e_quasi, *(s for s in spec.roles.sensitive if not isinstance(s, str))
-    ]
     described = {}
-    for entry in entries:
+    for entry in spec.roles.column_entries():
         hierarchy = entry.hierarchy
         if hierarchy is None or (entry.column not in k_quasis and entry.column not in hashes):
             continue

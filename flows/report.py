@@ -105,7 +105,7 @@ def markdown_report(manifest: dict) -> str:
 def guarantee_statement(scale_basis: str) -> str:
     """What the release does and does not guarantee (method.md §7), stated for its scale basis.
 
-    The same text goes into the public manifest, the report and docs/guarantees.md.
+    The same text goes into the public manifest, the report and the README's guarantees.
     """
     if scale_basis == "bounds":
         noise = (

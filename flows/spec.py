@@ -228,12 +228,13 @@ class Roles(FormModel):
             "sensitive": [s if isinstance(s, str) else s.column for s in self.sensitive],
         }
 
+    def column_entries(self) -> list["KQuasi | EQuasi | SensitiveColumn"]:
+        """The k-quasi, ε-quasi and sensitive entries that are models (a plain sensitive name is not), in order."""
+        return [*self.k_quasi, *self.e_quasi, *(s for s in self.sensitive if not isinstance(s, str))]
+
     def acknowledged_identifiers(self) -> dict[str, set[str]]:
         """Per column, the identifier checks the spec acknowledges (classification does not refuse them)."""
-        entries: list[KQuasi | EQuasi | SensitiveColumn] = [
-            *self.k_quasi, *self.e_quasi, *(s for s in self.sensitive if not isinstance(s, str))
-        ]
-        return {entry.column: set(entry.acknowledge_identifier) for entry in entries}
+        return {entry.column: set(entry.acknowledge_identifier) for entry in self.column_entries()}
 
     def sensitive_criteria(self) -> dict[str, dict]:
         """The declared ℓ-diversity and t-closeness per sensitive column (public parameters, like k)."""

@@ -254,7 +254,7 @@ def main() -> int:
     parser.add_argument("--keep", action="store_true", help="keep the temporary folder")
     args = parser.parse_args()
 
-    import kepsilon.audit.queries as queries
+    from kepsilon.audit import queries
     from kepsilon.audit.chain import chain_head, read_checkpoint, verify_chain
     from kepsilon.audit.store import open_store
 

@@ -12,13 +12,28 @@ flows/spec.py``); without files it checks [tool.mypy]'s ``files``. Exit status: 
 from __future__ import annotations
 
 import sys
+from pathlib import Path
 
 from mypy import build
 from mypy.errors import CompileError
 from mypy.main import process_options
-from mypy.modulefinder import BuildSource
+from mypy.modulefinder import BuildSource, FindModuleCache, ModuleSearchResult
 
 INSTALLED_UNDER_KEPSILON = ("flows", "tasks", "audit")
+ROOT = Path(__file__).resolve().parent.parent
+_find_module = FindModuleCache.find_module
+
+
+def _find_installed(self: FindModuleCache, id: str, *, fast_path: bool = False) -> ModuleSearchResult:
+    """mypy's module search, which also finds ``kepsilon.flows.x`` at ``flows/x.py`` (as the package installs it):
+    ``from kepsilon.audit import queries`` asks the search whether ``kepsilon.audit.queries`` is a module."""
+    parts = id.split(".")
+    if len(parts) > 1 and parts[0] == "kepsilon" and parts[1] in INSTALLED_UNDER_KEPSILON:
+        base = ROOT.joinpath(*parts[1:])
+        for candidate in (base / "__init__.py", base.with_suffix(".py")):
+            if candidate.is_file():
+                return str(candidate)
+    return _find_module(self, id, fast_path=fast_path)
 
 
 def installed_name(module: str) -> str:
@@ -27,6 +42,7 @@ def installed_name(module: str) -> str:
 
 
 def main(arguments: list[str]) -> int:
+    FindModuleCache.find_module = _find_installed  # type: ignore[method-assign]  # mypy has no hook for a package-dir map
     sources, options = process_options(arguments)
     renamed = [BuildSource(s.path, installed_name(s.module), s.text, s.base_dir) for s in sources]
     try:
