@@ -166,7 +166,7 @@ def unseal_seed(
             seed = Fernet(key).decrypt(ciphertext)
             verified = hashlib.sha256(seed).hexdigest() == commitment
         except InvalidToken:
-            seed, verified = b"", False  # never returned: not verified
+            seed, verified = None, False
         append(
             conn,
             "unseal_events",
@@ -184,4 +184,5 @@ def unseal_seed(
         raise SeedIntegrityError(
             f"release {release_found!r}: the sealed seed cannot be decrypted with this key or fails its commitment"
         )
+    assert seed is not None  # verified: it was decrypted
     return seed
