@@ -27,10 +27,11 @@ $(VENV)/.installed: pyproject.toml constraints.txt
 demo: install
 	KEPSILON_DEFAULT_CAP=$${KEPSILON_DEFAULT_CAP:-10} $(BIN)/kepsilon release releases/paper-synthetic.yaml
 
-## test: lint (ruff), types (mypy, on the engine) and the test suite (the heavy variants run in make test-heavy)
+## test: lint (ruff), types (mypy through scripts/typecheck.py, over [tool.mypy] files in pyproject.toml) and the test
+## suite (the heavy variants run in make test-heavy)
 test: install
 	$(BIN)/ruff check .
-	$(BIN)/mypy
+	$(BIN)/python scripts/typecheck.py
 	$(BIN)/pytest -m "not heavy"
 
 ## test-heavy: the slow variants: the Prefect UI's run pages in headless Chromium, every stop signal of make serve

@@ -25,6 +25,7 @@ import os
 import re
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Any
 
 import sqlite_utils
 
@@ -353,7 +354,7 @@ _GATE_FIGURES = {
 
 
 def _get(record: dict, path):
-    value = record
+    value: Any = record
     for part in path or ():
         value = value.get(part) if isinstance(value, dict) else None
     return value

@@ -18,10 +18,10 @@ from __future__ import annotations
 
 import hashlib
 import hmac
-import os
 import secrets
 from pathlib import Path
 
+from kepsilon import settings
 from kepsilon.tasks.errors import SpecError
 
 from .private import owner_only, private_folder, write_private_file
@@ -36,13 +36,12 @@ def key_file_path() -> Path:
     """The key file: env KEPSILON_FINGERPRINT_KEY_FILE, else ``fingerprint.key`` beside the seed key file."""
     from .seeds import key_file_path as seed_key_file
 
-    configured = os.environ.get(ENV_KEY_FILE)
-    return Path(configured) if configured else seed_key_file().parent / KEY_FILE_NAME
+    return settings.current().fingerprint_key_file or seed_key_file().parent / KEY_FILE_NAME
 
 
 def fingerprint_key() -> bytes:
     """The installation's fingerprint key: from env, else the key file (created 0600 on first use)."""
-    raw = os.environ.get(ENV_KEY)
+    raw = settings.current().fingerprint_key
     if raw:
         return _parse(raw, ENV_KEY)
     path = key_file_path()

@@ -29,6 +29,8 @@ from dataclasses import dataclass
 from datetime import UTC, datetime
 from pathlib import Path
 
+from kepsilon import settings
+
 from .private import FILE_MODE, check_not_shared, make_private_folder, owner_only
 
 ENV_HEAD_LOG = "KEPSILON_AUDIT_HEAD_LOG"
@@ -51,9 +53,9 @@ def head_log_path(store: str | Path, head_log: str | Path | None = None) -> Path
     """``head_log`` if given, else env KEPSILON_AUDIT_HEAD_LOG, else ``default_head_log(store)``."""
     if head_log is not None:
         return Path(head_log)
-    configured = os.environ.get(ENV_HEAD_LOG)
-    if configured:
-        return Path(configured)
+    configured = settings.current().audit_head_log
+    if configured is not None:
+        return configured
     return default_head_log(store)
 
 
@@ -78,7 +80,7 @@ def legacy_head_log(store: str | Path) -> Path:
 def adopt_legacy_head_log(store: str | Path) -> None:
     """Move an earlier version's log from beside the store to the default place (once; only when the
     default is in use, absent there, and an old log exists). Copied and synced before the old one goes."""
-    if os.environ.get(ENV_HEAD_LOG):
+    if settings.current().audit_head_log is not None:
         return
     target, legacy = default_head_log(store), legacy_head_log(store)
     if target.exists() or not legacy.is_file():

@@ -27,7 +27,7 @@ What is checked, in one read snapshot:
    present: exported again to the same path later, a file knows a head an older copy of the store lacks.
 
 Cost, measured by ``benchmarks/bench_audit.py``: linear in the number of chain entries; for 100,000
-ledger entries about 0.8 s on a 2-core machine (see the README). ``integrity_check`` runs in a thread
+ledger entries about 0.8 s on a 2-core machine (docs/performance.md). ``integrity_check`` runs in a thread
 on its own connection, overlapping the chain walk when a second core is free.
 """
 
@@ -149,10 +149,10 @@ def inspect_store(
     conn = db_or_path.conn if isinstance(db_or_path, sqlite_utils.Database) else db_or_path
     store = database_file(conn)
     inspection = Inspection(store=store or "(in memory)")
-    log_path = head_log_path(store, head_log) if store else None
-    heads = _read_log(log_path, inspection) if log_path else []
+    store_log = head_log_path(store, head_log) if store else None
+    heads = _read_log(store_log, inspection) if store_log else []
     witnesses = _published_witnesses(store, manifests_in, population, inspection) if store else None
-    _inspect(conn, inspection, heads, log_path, checkpoint, witnesses)
+    _inspect(conn, inspection, heads, store_log, checkpoint, witnesses)
     return inspection
 
 

@@ -21,13 +21,14 @@ void are each a new attributed row; a reservation's status is derived from later
 from __future__ import annotations
 
 import math
-import os
 from dataclasses import dataclass
 from decimal import ROUND_CEILING, ROUND_FLOOR, Decimal, InvalidOperation
 from fractions import Fraction
+from typing import overload
 
 import sqlite_utils
 
+from kepsilon import settings
 from kepsilon.tasks.errors import KepsilonError, SpecError
 
 from .principals import authorise, is_signed, record_signature
@@ -127,17 +128,17 @@ def _to_units(parameter: str, epsilon, units: int, *, round_up: bool) -> int:
     """A positive amount in integer ``units`` per 1, exactly from its decimal text."""
     if isinstance(epsilon, bool) or not isinstance(epsilon, (int, float, Decimal, Fraction, str)):
         raise SpecError(parameter, "must be a number")
-    try:
-        value = Decimal(str(epsilon)) if not isinstance(epsilon, Fraction) else None
-    except InvalidOperation:
-        raise SpecError(parameter, "must be a number") from None
-    if value is None:  # a Fraction: exact rational arithmetic
+    if isinstance(epsilon, Fraction):  # exact rational arithmetic
         if epsilon <= 0:
             raise SpecError(parameter, "must be positive")
         if epsilon > MAX_AMOUNT:
             raise SpecError(parameter, f"is beyond what the ledger can hold (at most {MAX_AMOUNT:,})")
         scaled = epsilon * units
         return math.ceil(scaled) if round_up else math.floor(scaled)
+    try:
+        value = Decimal(str(epsilon))
+    except InvalidOperation:
+        raise SpecError(parameter, "must be a number") from None
     if not value.is_finite():
         raise SpecError(parameter, "must be finite")
     if value <= 0:
@@ -165,6 +166,10 @@ def from_nano(nano: int) -> float:
     return nano / NANO
 
 
+@overload
+def from_atto(atto: int) -> float: ...
+@overload
+def from_atto(atto: None) -> None: ...
 def from_atto(atto: int | None) -> float | None:
     """atto-δ back to a float (None stays None)."""
     return None if atto is None else atto / ATTO
@@ -267,7 +272,7 @@ def _as_reservation(conn, row, reused: bool) -> Reservation:
 
 def _default_cap(conn, population_id: str) -> int | None:
     """Create the population's cap from env KEPSILON_DEFAULT_CAP, attributed to 'kepsilon-default'."""
-    raw = os.environ.get(ENV_DEFAULT_CAP)
+    raw = settings.current().default_cap
     if not raw:
         return None
     nano = to_nano(ENV_DEFAULT_CAP, raw, round_up=False)
@@ -395,7 +400,10 @@ def mark_noise_drawn(db: sqlite_utils.Database, reservation_id: int, *, redraw: 
                 "SELECT MIN(id) FROM ledger WHERE reservation_id = ? AND kind = 'spend'", (rid,)
             ).fetchone()[0]
         if status == "spent":
-            left = _cap_nano(conn, population_id) - _used_nano(conn, population_id)
+            cap = _cap_nano(conn, population_id)
+            if cap is None:
+                raise CapMissing(population_id, from_nano(nano))
+            left = cap - _used_nano(conn, population_id)
             if nano > left:
                 raise BudgetExceeded(population_id, from_nano(nano), from_nano(max(left, 0)))
             if atto is not None:

@@ -77,7 +77,7 @@ _PARAMETER_SECTIONS = (
 
 
 def _get(manifest: dict, path: tuple[str, ...]):
-    value = manifest
+    value: object = manifest
     for part in path:
         if not isinstance(value, dict):
             return None

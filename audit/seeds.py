@@ -9,12 +9,12 @@ Every unseal is recorded (who, why, when, whether the commitment verified) befor
 from __future__ import annotations
 
 import hashlib
-import os
 from pathlib import Path
 
 import sqlite_utils
 from cryptography.fernet import Fernet, InvalidToken
 
+from kepsilon import settings
 from kepsilon.tasks.errors import KepsilonError, SpecError
 
 from .principals import FLOW_ACTOR, authorise, record_signature
@@ -56,7 +56,7 @@ def _check_seed(seed) -> None:
 
 def key_file_path() -> Path:
     """The key file: env KEPSILON_SEED_KEY_FILE or ./.kepsilon/seed.key."""
-    return Path(os.environ.get(ENV_KEY_FILE) or DEFAULT_KEY_FILE)
+    return settings.current().seed_key_file or Path(DEFAULT_KEY_FILE)
 
 
 def _load_key() -> bytes:
@@ -65,7 +65,7 @@ def _load_key() -> bytes:
     A key file whose folder others can write to is refused (they could swap the key); an older, wider
     key file is narrowed to its owner.
     """
-    raw = os.environ.get(ENV_KEY)
+    raw: str | bytes | None = settings.current().seed_key
     source = ENV_KEY
     if not raw:
         path = key_file_path()
@@ -196,4 +196,5 @@ def unseal_seed(
         raise SeedIntegrityError(
             f"release {release_found!r}: the sealed seed cannot be decrypted with this key or fails its commitment"
         )
+    assert seed is not None  # verified: it was decrypted
     return seed

@@ -27,10 +27,12 @@ from collections.abc import Callable, Iterator
 from datetime import UTC, datetime
 from json.encoder import encode_basestring
 from pathlib import Path
+from typing import Any
 
 import sqlite_utils
 from sqlite_utils.migrations import Migrations
 
+from kepsilon import settings
 from kepsilon.tasks.errors import SpecError
 
 from .errors import StoreUnavailable, sqlite_cause, unavailable
@@ -309,7 +311,7 @@ MAX_BUSY_TIMEOUT_S = 86_400
 
 def busy_timeout_ms() -> int:
     """How long a write waits for another writer's lock: env KEPSILON_AUDIT_BUSY_TIMEOUT (seconds), else 60 s."""
-    raw = os.environ.get(ENV_BUSY_TIMEOUT)
+    raw = settings.current().audit_busy_timeout
     if not raw:
         return BUSY_TIMEOUT_MS
     try:
@@ -405,9 +407,9 @@ def store_path(path: str | Path | None = None) -> Path:
     """
     if path is not None:
         return Path(path)
-    configured = os.environ.get(ENV_PATH)
-    if configured:
-        return Path(configured)
+    configured = settings.current().audit_db
+    if configured is not None:
+        return configured
     if Path(LEGACY_PATH).exists():
         raise SpecError(
             ENV_PATH,
@@ -730,7 +732,7 @@ class RowEncoder:
         template = '{"row":{' + ",".join(key.replace("%", "%%") + "%s" for key, _, _ in items)
         template += self._suffix.replace("%", "%%")
         values = ", ".join(f"J[type(r[{i}])](r[{i}])" for _, i, _ in items)
-        namespace = {"T": template, "J": _VALUE_JSON}
+        namespace: dict[str, Any] = {"T": template, "J": _VALUE_JSON}
         exec(f"def content(r):\n    return T % ({values},)\n", namespace)  # noqa: S102 - positions only
         return namespace["content"]
 
@@ -779,9 +781,12 @@ def append(conn: sqlite3.Connection, table: str, row: dict) -> int:
     names = ", ".join(f"[{c}]" for c in columns)
     cursor = conn.execute(f"INSERT INTO [{table}] ({names}) VALUES ({placeholders})", [row[c] for c in columns])
     row_id = cursor.lastrowid
+    content = row_content(conn, table, row_id) if row_id is not None else None
+    if row_id is None or content is None:  # an INSERT sets lastrowid, and its row reads back in its transaction
+        raise RuntimeError(f"the row just inserted into {table!r} cannot be read back")
     head = conn.execute("SELECT entry_hash FROM chain ORDER BY seq DESC LIMIT 1").fetchone()
     previous = head[0] if head else GENESIS_HASH
-    entry_hash = chain_hash(previous, row_content(conn, table, row_id))
+    entry_hash = chain_hash(previous, content)
     conn.execute(
         "INSERT INTO chain (table_name, row_id, entry_hash) VALUES (?, ?, ?)", (table, row_id, entry_hash)
     )

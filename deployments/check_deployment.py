@@ -21,6 +21,7 @@ import sys
 import tempfile
 import time
 from pathlib import Path
+from uuid import UUID
 
 import yaml
 
@@ -49,9 +50,9 @@ def changed_parameters(k: int, epsilon: float, output_dir: Path) -> dict:
 
 async def run_and_wait(parameters: dict, timeout: float, deployment: str = DEPLOYMENT) -> tuple[str, str]:
     from prefect.client.orchestration import get_client
-    from prefect.deployments import run_deployment
+    from prefect.deployments import arun_deployment
 
-    flow_run = await run_deployment(deployment, parameters=parameters, timeout=0)
+    flow_run = await arun_deployment(deployment, parameters=parameters, timeout=0)
     deadline = time.monotonic() + timeout
     async with get_client() as client:
         while time.monotonic() < deadline:
@@ -151,7 +152,7 @@ def check_advice(args, output_dir: Path, failures: list[str]) -> None:
     check("advice wrote nothing where releases are published", not (output_dir / "advice-must-not-write-here").exists(), failures)
     with get_client(sync_client=True) as client:
         artifacts = client.read_artifacts(
-            flow_run_filter=FlowRunFilter(id=FlowRunFilterId(any_=[flow_run_id])), artifact_filter=ArtifactFilter()
+            flow_run_filter=FlowRunFilter(id=FlowRunFilterId(any_=[UUID(flow_run_id)])), artifact_filter=ArtifactFilter()
         )
     images = sum(str(a.data).count("](data:image/png;base64,") for a in artifacts)
     check(f"advice run shows its 3 plots on its page ({images} embedded)", images == 3, failures)

@@ -17,6 +17,7 @@ figures are the steward's: private, never in a public file.
 """
 
 import getpass
+from typing import Any
 
 from prefect import flow
 from prefect.runtime import flow_run
@@ -45,7 +46,7 @@ def check_release(spec: ReleaseSpec, *, via: str, flow_run_id: str | None = None
 
     store = store_location()
     verdicts = Verdicts(collect=True)
-    result = {"release_id": spec.release_id, "population_id": spec.population_id, "event_id": None}
+    result: dict[str, Any] = {"release_id": spec.release_id, "population_id": spec.population_id, "event_id": None}
     store_ok, _ = verdicts.attempt("audit store", _verify, store)
     # The signer, in a store with principals: the release would be refused without the steward's key.
     authenticated, operator = verdicts.attempt("operator", release_operator, spec, store) if store_ok else (False, None)
@@ -65,7 +66,7 @@ def check_release(spec: ReleaseSpec, *, via: str, flow_run_id: str | None = None
         _, partition = verdicts.attempt("anonymiser", k_anonymise, table.frame, spec)
     verdicts.attempt("output folder", check_output_dir, spec.output_dir, spec.release_id,
                      _estimate_basis(source, spec) if read else 0)
-    if partition is not None and store_ok:
+    if partition is not None and store_ok and key is not None:
         result["predicted"] = pre_epsilon_in_memory(verdicts, spec, store, key, table, partition)
     if store_ok:
         verdicts.add(_approval_verdict(spec, operator, store))
@@ -118,8 +119,7 @@ def _approval_verdict(spec, operator: str, store: str) -> Verdict:
 
 def _cap_verdict(spec, key: str | None, store: str) -> Verdict:
     """The ε left under the population's cap (or the default cap it would get), read only."""
-    import os
-
+    from kepsilon import settings
     from kepsilon.audit.ledger import ENV_DEFAULT_CAP, budget, from_nano, to_nano
     from kepsilon.audit.store import open_store
 
@@ -133,7 +133,7 @@ def _cap_verdict(spec, key: str | None, store: str) -> Verdict:
     finally:
         db.close()
     if state["cap"] is None:
-        raw = os.environ.get(ENV_DEFAULT_CAP)
+        raw = settings.current().default_cap
         if not raw:
             return Verdict("ε cap", False, parameter="population_id",
                            detail=f"population {spec.population_id!r} has no ε cap (an officer sets one)")

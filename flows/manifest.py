@@ -8,6 +8,7 @@ import hashlib
 import json
 import platform
 import subprocess
+from collections.abc import Sequence
 from importlib import metadata
 from pathlib import Path
 
@@ -48,7 +49,7 @@ def content_key(spec: ReleaseSpec, source_fingerprint: str) -> str:
 
 def software_versions() -> dict:
     """Versions of kepsilon, Python and the main libraries, and the git commit when there is one."""
-    versions = {"kepsilon": kepsilon.__version__, "python": platform.python_version()}
+    versions: dict[str, str | None] = {"kepsilon": kepsilon.__version__, "python": platform.python_version()}
     for name in _LIBRARIES:
         try:
             versions[name.replace("-", "_")] = metadata.version(name)
@@ -113,11 +114,12 @@ def dp_parameters(spec: ReleaseSpec) -> dict:
     method's own mode that mean nothing here are None.
     """
     figures = Guarantee.for_spec(spec).parameters()
+    dp = spec.dp_settings()
     return {
-        "algorithm": "dp-search" if spec.dp.search is not None else "fixed-node",
+        "algorithm": "dp-search" if dp.search is not None else "fixed-node",
         "scale_basis": None,
         "mechanism": "bernoulli-sampling+safe-k-anonymisation"
-        + ("+exponential-mechanism" if spec.dp.search is not None else ""),
+        + ("+exponential-mechanism" if dp.search is not None else ""),
         "neighbouring_relation": DP_NEIGHBOURS,
         "confidence": None,
         "suppression_budget": None,
@@ -126,14 +128,14 @@ def dp_parameters(spec: ReleaseSpec) -> dict:
             "epsilon_search": figures["epsilon_search"],
             "epsilon_anonymisation": figures["epsilon_anonymisation"],
             "beta": figures["beta"],
-            "beta_chosen_by": "spec" if spec.dp.beta is not None else "1 - exp(-epsilon_anonymisation)",
+            "beta_chosen_by": "spec" if dp.beta is not None else "1 - exp(-epsilon_anonymisation)",
             "delta": figures["delta"],
-            "max_delta": spec.dp.max_delta,
-            "node": dict(spec.dp.node) if spec.dp.node is not None else None,
-            "node_chosen_by": "spec" if spec.dp.node is not None else "exponential mechanism (DP search)",
-            "search_strategy": spec.dp.search.strategy if spec.dp.search is not None else None,
+            "max_delta": dp.max_delta,
+            "node": dict(dp.node) if dp.node is not None else None,
+            "node_chosen_by": "spec" if dp.node is not None else "exponential mechanism (DP search)",
+            "search_strategy": dp.search.strategy if dp.search is not None else None,
             "search_steps": None,
-            "sensitive_levels": dict(spec.dp.sensitive_levels),
+            "sensitive_levels": dict(dp.sensitive_levels),
         },
     }
 
@@ -235,12 +237,12 @@ def hierarchy_descriptions(spec: ReleaseSpec, hashes: dict) -> dict:
     above level 0 (``hashes`` names exactly the hierarchies used).
     """
     k_quasis = {quasi.column for quasi in spec.roles.k_quasi}
-    entries = [*spec.roles.k_quasi, *spec.roles.e_quasi, *(s for s in spec.roles.sensitive if not isinstance(s, str))]
     described = {}
-    for entry in entries:
+    for entry in spec.roles.column_entries():
         hierarchy = entry.hierarchy
         if hierarchy is None or (entry.column not in k_quasis and entry.column not in hashes):
             continue
+        shown: dict[str, object]
         if isinstance(hierarchy, str):
             shown = {"file": Path(hierarchy).name}
         else:
@@ -336,7 +338,7 @@ def _public_document(record: dict, spec: ReleaseSpec, method: dict, guarantee: s
     }
 
 
-def _unprotected_statistics(record: dict, names: list[str]) -> dict:
+def _unprotected_statistics(record: dict, names: Sequence[str]) -> dict:
     loss = record.get("information_loss", {})
     disclosure = record.get("disclosure", {})
     available = {

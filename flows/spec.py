@@ -10,7 +10,7 @@ import json
 import math
 from enum import Enum
 from pathlib import Path
-from typing import Annotated, Literal
+from typing import Annotated, Any, Literal
 
 import yaml
 from pydantic import BaseModel, Field, ValidationError, field_validator, model_validator
@@ -71,7 +71,8 @@ class SourceSpec(FormModel):
 
 
 IdentifierReason = Literal["email", "phone", "national_id", "ip_address", "url", "near_unique"]
-_ACKNOWLEDGE = Field(
+# One field definition shared by three models; pydantic types Field() as the default's type, the models' annotation.
+_ACKNOWLEDGE: Any = Field(
     default=[],
     description=(
         "identifier checks this column is known to trip and is released anyway (classification refuses "
@@ -227,10 +228,13 @@ class Roles(FormModel):
             "sensitive": [s if isinstance(s, str) else s.column for s in self.sensitive],
         }
 
+    def column_entries(self) -> list["KQuasi | EQuasi | SensitiveColumn"]:
+        """The k-quasi, ε-quasi and sensitive entries that are models (a plain sensitive name is not), in order."""
+        return [*self.k_quasi, *self.e_quasi, *(s for s in self.sensitive if not isinstance(s, str))]
+
     def acknowledged_identifiers(self) -> dict[str, set[str]]:
         """Per column, the identifier checks the spec acknowledges (classification does not refuse them)."""
-        entries = [*self.k_quasi, *self.e_quasi, *(s for s in self.sensitive if not isinstance(s, str))]
-        return {entry.column: set(entry.acknowledge_identifier) for entry in entries}
+        return {entry.column: set(entry.acknowledge_identifier) for entry in self.column_entries()}
 
     def sensitive_criteria(self) -> dict[str, dict]:
         """The declared ℓ-diversity and t-closeness per sensitive column (public parameters, like k)."""
@@ -238,7 +242,7 @@ class Roles(FormModel):
         for entry in self.sensitive:
             if isinstance(entry, str) or (entry.l_diversity is None and entry.t_closeness is None):
                 continue
-            criteria = {}
+            criteria: dict[str, Any] = {}
             if entry.l_diversity is not None:
                 criteria["l_diversity"] = entry.l_diversity.model_dump(mode="json", exclude_none=True)
             if entry.t_closeness is not None:
@@ -531,14 +535,22 @@ class ReleaseSpec(FormModel):
         """DP mode: the columns generalised at the node, k-quasis then ε-quasis (the node's order)."""
         return [q.column for q in self.roles.k_quasi] + [q.column for q in self.roles.e_quasi]
 
+    def dp_settings(self) -> DPSettings:
+        """DP mode: the `dp` block, which a DP-mode spec must have (``check_dp_parameters``)."""
+        if self.dp is None:
+            raise SpecError("dp", "privacy_model dp needs its parameters: max_delta, and a fixed node or a search")
+        return self.dp
+
     def dp_epsilons(self) -> tuple[float, float]:
         """DP mode: (ε_search, ε_anon), the search's share and the anonymisation's; they sum to ε."""
-        search = self.dp.search.epsilon if self.dp.search is not None else 0.0
+        dp = self.dp_settings()
+        search = dp.search.epsilon if dp.search is not None else 0.0
         return search, self.epsilon - search
 
     def dp_beta(self) -> float:
         """DP mode: the sampling probability β, given or 1 − e^(−ε_anon)."""
-        return self.dp.beta if self.dp.beta is not None else sampling_rate_for(self.dp_epsilons()[1])
+        beta = self.dp_settings().beta
+        return beta if beta is not None else sampling_rate_for(self.dp_epsilons()[1])
 
     def dp_delta(self) -> float:
         """DP mode: the release's δ = d(k, β, ε_anon) (Li, Qardaji and Su)."""
@@ -674,15 +686,16 @@ def _check_dp_levels(spec: "ReleaseSpec") -> None:
     Levels are checked against the hierarchies' heights when they are loaded, still before any ε.
     """
     generalised = spec.generalised_columns()
-    if spec.dp.node is not None:
-        unknown = [column for column in spec.dp.node if column not in generalised]
-        missing = [column for column in generalised if column not in spec.dp.node]
+    dp = spec.dp_settings()
+    if dp.node is not None:
+        unknown = [column for column in dp.node if column not in generalised]
+        missing = [column for column in generalised if column not in dp.node]
         if unknown:
             raise SpecError(f"dp.node.{unknown[0]}", "is not a k-quasi or ε-quasi column")
         if missing:
             raise SpecError(f"dp.node.{missing[0]}", "needs a level: a fixed node gives one to every k-quasi and ε-quasi")
     sensitive = {entry if isinstance(entry, str) else entry.column: entry for entry in spec.roles.sensitive}
-    for column, level in spec.dp.sensitive_levels.items():
+    for column, level in dp.sensitive_levels.items():
         if column not in sensitive:
             raise SpecError(f"dp.sensitive_levels.{column}", "is not a sensitive column")
         entry = sensitive[column]
@@ -706,11 +719,12 @@ def _check_dp_budget(spec: "ReleaseSpec") -> None:
             f"is {anonymisation:.4g}: lower beta (or leave it out for 1 − e^(−ε_anon)) or raise epsilon",
         )
     delta = safe_k_delta(spec.k, beta, anonymisation)
-    if delta > spec.dp.max_delta:
+    max_delta = spec.dp_settings().max_delta
+    if delta > max_delta:
         raise SpecError(
             "dp.max_delta",
             f"δ(k = {spec.k}, β = {beta:.4g}, ε_anon = {anonymisation:.4g}) = {delta:.3g} is above max_delta = "
-            f"{spec.dp.max_delta:g}; {_k_hint(spec.dp.max_delta, beta, anonymisation)}",
+            f"{max_delta:g}; {_k_hint(max_delta, beta, anonymisation)}",
         )
 
 

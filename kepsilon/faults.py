@@ -31,6 +31,8 @@ import signal
 import time
 from pathlib import Path
 
+from kepsilon import settings
+
 ENV_FAULT_AT = "KEPSILON_FAULT_AT"
 ENV_HOLD_AT = "KEPSILON_HOLD_AT"
 ENV_HOLD_FILE = "KEPSILON_HOLD_FILE"
@@ -51,16 +53,19 @@ WORKER_FAULT_POINTS = ("worker-distribute", "worker-publish-part")
 def fault_point(name: str) -> None:
     """SIGKILL this process if env ``KEPSILON_FAULT_AT`` names this point, hold it if ``KEPSILON_HOLD_AT``
     does; otherwise do nothing."""
-    if os.environ.get(ENV_FAULT_AT) == name and _first_to_arrive():
+    if settings.current().fault_at == name and _first_to_arrive():
         os.kill(os.getpid(), signal.SIGKILL)
-    if os.environ.get(ENV_HOLD_AT) == name:
-        _hold(Path(os.environ[ENV_HOLD_FILE]))
+    if settings.current().hold_at == name:
+        hold_file = settings.current().hold_file
+        if hold_file is None:
+            raise RuntimeError(f"{ENV_HOLD_AT} is set without {ENV_HOLD_FILE}")
+        _hold(hold_file)
 
 
 def _first_to_arrive() -> bool:
     """True unless ``KEPSILON_FAULT_ONCE`` names a path that exists already (then someone was killed)."""
-    once = os.environ.get(ENV_FAULT_ONCE)
-    if not once:
+    once = settings.current().fault_once
+    if once is None:
         return True
     try:
         os.close(os.open(once, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600))
@@ -72,6 +77,6 @@ def _first_to_arrive() -> bool:
 def _hold(release: Path) -> None:
     """Say the point is reached, then wait for the scenario to create ``release``."""
     release.with_name(release.name + ".reached").touch()
-    deadline = time.monotonic() + float(os.environ.get("KEPSILON_HOLD_SECONDS") or HOLD_SECONDS)
+    deadline = time.monotonic() + float(settings.current().hold_seconds or HOLD_SECONDS)
     while not release.exists() and time.monotonic() < deadline:
         time.sleep(0.01)

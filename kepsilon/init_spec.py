@@ -131,7 +131,7 @@ def _delimiter(data_path: Path) -> str:
     except OSError:
         return ","  # the ingest refuses the file with the system's reason
     counts = {candidate: header.count(candidate) for candidate in (",", ";", "\t", "|")}
-    best = max(counts, key=counts.get)
+    best = max(counts, key=lambda candidate: counts[candidate])
     return best if counts[best] else ","
 
 
@@ -334,9 +334,11 @@ def _promote_a_k_quasi(suggestions: list[Suggestion], frame: pd.DataFrame) -> No
     if not numbers:
         raise InitRefused(
             "no column can be a k-quasi (categories, codes, dates or numbers, complete); write the spec by hand "
-            "(README, 'The release spec')"
+            "(docs/spec.md)"
         )
     chosen = min(numbers, key=lambda s: frame[s.column].nunique())
+    if chosen.bounds is None:  # every ε-quasi suggestion carries the bounds read for it
+        raise ValueError(f"suggestion for {chosen.column!r} has no bounds")
     chosen.role, chosen.hierarchy = "k_quasi", _intervals(*chosen.bounds)
     chosen.bounds, chosen.why = None, "numbers: intervals (a release needs at least one k-quasi)"
 
@@ -389,7 +391,7 @@ def render(starter: StarterSpec) -> str:
         "#      a few more; agree the figure with your privacy officer (`kepsilon audit budget` shows what is left).",
         f"#   3. kepsilon check {spec_name}     a dry run: 'would publish', or what to change; spends nothing",
         f"#   4. kepsilon release {spec_name}   publishes into {_output_dir()}/{population}-DATE/ beside this file",
-        "# Every field: README.md, 'The release spec'. Hierarchies (builders and files): docs/hierarchies.md.",
+        "# Every field: docs/spec.md. Hierarchies (builders and files): docs/hierarchies.md.",
         f"release_id: {_yaml_text(starter.release_id)}   # {{date}}: the run's day, so each day's run has its own id",
         f"population_id: {_yaml_text(population)}   # the people whose ε budget the release spends",
     ]
@@ -436,9 +438,13 @@ def _entry_lines(entry: Suggestion) -> list[str]:
             f"      acknowledge_identifier: [{', '.join(entry.acknowledge)}]   # the detector's signal, expected for this kind of column"
         )
     if entry.role == "k_quasi":
+        if entry.hierarchy is None:  # suggest() gives every k-quasi a hierarchy builder
+            raise ValueError(f"k-quasi suggestion for {entry.column!r} has no hierarchy")
         comment = _FROM_DATA if entry.bounds_from_data else _HIERARCHY_NOTE[entry.hierarchy["kind"]]
         lines.append(f"      hierarchy: {_hierarchy_text(entry.hierarchy)}   # {comment}")
     else:
+        if entry.bounds is None:  # suggest() gives every ε-quasi the bounds it read
+            raise ValueError(f"ε-quasi suggestion for {entry.column!r} has no bounds")
         lower, upper = entry.bounds
         lines.append(f"      lower: {_number(lower)}   # {_FROM_DATA}")
         lines.append(f"      upper: {_number(upper)}   # {_FROM_DATA}")

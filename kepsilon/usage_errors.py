@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import sys
 import typing
+from collections.abc import Sequence
 from enum import Enum
 from pathlib import Path
 from typing import Any
@@ -53,18 +54,18 @@ def _needs(param) -> str:
         return "one of " + ", ".join(str(member.value) for member in kind)
     if isinstance(kind, type) and issubclass(kind, Path):
         return "a path"
-    return _TYPE_NEEDS.get(kind, "a valid value")
+    return _TYPE_NEEDS.get(kind, "a valid value") if isinstance(kind, type) else "a valid value"
 
 
 class OneLineUsageErrors(TyperGroup):
     """The ``kepsilon`` command group: Typer's, with usage errors told in one line (exit code 2)."""
 
-    def main(self, args: Any = None, prog_name: str | None = None, complete_var: str | None = None,
-             standalone_mode: bool = True, **extra: Any) -> Any:
+    def main(self, args: Sequence[str] | None = None, prog_name: str | None = None, complete_var: str | None = None,
+             standalone_mode: bool = True, windows_expand_args: bool = True, **extra: Any) -> Any:
         if not standalone_mode:
-            return super().main(args, prog_name, complete_var, standalone_mode=False, **extra)
+            return super().main(args, prog_name, complete_var, False, windows_expand_args, **extra)
         try:
-            code = super().main(args, prog_name, complete_var, standalone_mode=False, **extra)
+            code = super().main(args, prog_name, complete_var, False, windows_expand_args, **extra)
         except click.NoArgsIsHelpError as error:
             error.show()
             sys.exit(error.exit_code)

@@ -13,7 +13,10 @@ still reach the Prefect server (the run's logs); workers of a cluster of your ow
 from __future__ import annotations
 
 import logging
-import os
+
+from distributed.diagnostics.plugin import WorkerPlugin
+
+from kepsilon import settings
 
 ENV_WORKER_TRACEBACKS = "KEPSILON_WORKER_TRACEBACKS"
 
@@ -34,10 +37,6 @@ def filter_console_handlers() -> None:
             handler.addFilter(NoTracebacks())
 
 
-try:
-    from distributed.diagnostics.plugin import WorkerPlugin
-except ImportError:  # without distributed there are no workers to quieten
-    WorkerPlugin = object
 
 
 class HideTracebacks(WorkerPlugin):
@@ -55,6 +54,6 @@ class HideTracebacks(WorkerPlugin):
 
 def hide_worker_tracebacks(client) -> None:
     """Quieten the local cluster's workers' consoles when the CLI asked for it (env); else do nothing."""
-    if client is None or os.environ.get(ENV_WORKER_TRACEBACKS) != "hidden":
+    if client is None or settings.current().worker_tracebacks != "hidden":
         return
     client.register_plugin(HideTracebacks())

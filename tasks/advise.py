@@ -20,7 +20,7 @@ Common random numbers: every ε of one k gets the same standard Laplace draws (s
 the curves against ε are smooth and differences between cells are not noise between draws.
 
 Everything here is computed from private values: the figures are for the steward only, and choosing
-parameters from them is itself a data-dependent choice (see the README). This module draws no ε from
+parameters from them is itself a data-dependent choice (docs/advise.md). This module draws no ε from
 any ledger and writes nothing; recording the advice and writing figures is the caller's job.
 No Prefect import here: the flow (``flows/advise.py``) and the CLI wrap it.
 """
@@ -286,7 +286,7 @@ def smallest_k_for_linking_risk(advice: Advice, limit: float) -> dict[float, int
     answers = {}
     for epsilon in advice.epsilon_values:
         cells = [c for c in advice.cells if c.epsilon == epsilon and c.refused is None]
-        meeting = [c.k for c in cells if c.linking_risk.upper() <= limit]
+        meeting = [c.k for c in cells if c.linking_risk is not None and c.linking_risk.upper() <= limit]
         answers[epsilon] = min(meeting) if meeting else None
     return answers
 
@@ -300,12 +300,13 @@ def recommendation(advice: Advice, target_error: float | None, max_linking_risk:
     cells = [
         c for c in advice.cells
         if c.refused is None
+        and c.confidence_suppression is not None
         and c.anonymiser_suppressed_fraction + c.confidence_suppression.mean <= advice.suppression_budget
     ]
     if target_error is not None:
         cells = [c for c in cells if c.predicted_mean <= target_error]
     if max_linking_risk is not None:
-        cells = [c for c in cells if c.linking_risk.upper() <= max_linking_risk]
+        cells = [c for c in cells if c.linking_risk is not None and c.linking_risk.upper() <= max_linking_risk]
     return min(cells, key=lambda c: (c.epsilon, c.k), default=None)
 
 
@@ -413,7 +414,8 @@ def advice_rows(advice: Advice) -> list[dict[str, str]]:
             row[f"predicted error {column}"] = _percent(cell.predicted_error[column])
             row[f"Monte-Carlo error {column}"] = _spread(cell.measured_error[column])
         row["confidence suppression"] = _spread(cell.confidence_suppression)
-        if cell.anonymiser_suppressed_fraction + cell.confidence_suppression.mean > advice.suppression_budget:
+        suppression = cell.confidence_suppression
+        if suppression is not None and cell.anonymiser_suppressed_fraction + suppression.mean > advice.suppression_budget:
             # A release here would most likely fail its suppression-budget check after spending ε.
             row["confidence suppression"] += " over budget"
         row["linking risk"] = _spread(cell.linking_risk)
@@ -430,8 +432,8 @@ def answer_lines(advice: Advice, target_error: float | None, max_linking_risk: f
             exact = f" (exactly: ε ≥ {answer['exact']:.3g})" if answer["exact"] is not None else ""
             lines.append(f"predicted error ≤ {_percent(target_error)} at k = {k}: smallest {grid}{exact}")
     if max_linking_risk is not None:
-        for epsilon, k in smallest_k_for_linking_risk(advice, max_linking_risk).items():
-            found = f"k = {k}" if k is not None else "no k of the grid"
+        for epsilon, smallest in smallest_k_for_linking_risk(advice, max_linking_risk).items():
+            found = f"k = {smallest}" if smallest is not None else "no k of the grid"
             lines.append(f"linking risk ≤ {_percent(max_linking_risk)} at ε = {epsilon:g}: smallest {found}")
     if target_error is not None or max_linking_risk is not None:
         best = recommendation(advice, target_error, max_linking_risk)
@@ -455,7 +457,8 @@ def monte_carlo_note(advice: Advice) -> str:
 def advice_markdown(advice: Advice, target_error: float | None = None, max_linking_risk: float | None = None) -> str:
     """The advice as a markdown page: the grid, the answers, how it was computed and what it is not."""
     rows = advice_rows(advice)
-    columns = list(max(rows, key=len))
+    widest: dict[str, str] = max(rows, key=len)  # a refused cell's row has fewer columns
+    columns = list(widest)
     lines = [
         f"# Parameter advice for `{advice.population_id}`",
         "",

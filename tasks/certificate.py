@@ -17,6 +17,7 @@ from __future__ import annotations
 
 import time
 from pathlib import Path
+from typing import Any
 
 import numpy as np
 import pandas as pd
@@ -228,7 +229,7 @@ def utility_report(spec, roles, partition, source_in: pd.DataFrame, source: pd.D
                                "total_variation": utility.total_variation(source_in[column], released[column])}
     sizes = np.bincount(pd.factorize(pd.Series(class_ids))[0]) if len(class_ids) else np.zeros(0)
     group_sizes = risk.group_sizes(labels, list(labels.columns))
-    report = {
+    report: dict[str, Any] = {
         "columns": columns,
         "correlations": utility.correlation_change(source, released, roles["e_quasi"]),
         "discernibility": utility.discernibility(group_sizes, suppressed, len(source) + suppressed),

@@ -239,7 +239,11 @@ class IdentifierEvidence:
         )
 
     def distinct_values(self) -> int:
-        return self.distinct if self.distinct is not None else len(self.hashes)
+        if self.distinct is not None:
+            return self.distinct
+        if self.hashes is None:
+            raise ValueError("identifier evidence needs a distinct count or the distinct values' hashes")
+        return len(self.hashes)
 
     def reasons(self, near_unique: bool = True) -> list[str]:
         """The reasons the evidence gives (see :func:`identifier_reasons`)."""

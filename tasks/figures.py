@@ -24,6 +24,8 @@ matplotlib.use("Agg")  # headless: workers and CI have no display
 import matplotlib.pyplot as plt  # noqa: E402  (after choosing the backend)
 import numpy as np  # noqa: E402
 
+from kepsilon import settings
+
 from .errors import SpecError  # noqa: E402
 
 REPORTS_ENV = "KEPSILON_REPORTS_DIR"
@@ -41,7 +43,7 @@ def private_report_dir(name: str, output_dir: str | Path | None = None) -> Path:
     """
     from kepsilon.audit.private import private_folder
 
-    root = Path(os.environ.get(REPORTS_ENV) or DEFAULT_REPORTS_DIR).resolve()
+    root = (settings.current().reports_dir or Path(DEFAULT_REPORTS_DIR)).resolve()
     folder = root / name
     if output_dir is not None:
         published = Path(output_dir).resolve()
@@ -226,7 +228,7 @@ def release_figures(group_sizes: np.ndarray, predicted: np.ndarray, measured: np
 def _group_sizes(sizes: np.ndarray, k: int, size: _Size) -> bytes:
     """Histogram of the published groups' sizes (log bins), with k marked."""
     figure, axes = plt.subplots(figsize=size.figsize(7, 4.5))
-    bins = np.unique(np.geomspace(max(1, sizes.min()), sizes.max() + 1, 30).astype(int)) if len(sizes) else 10
+    bins: list[int] | int = np.unique(np.geomspace(max(1, sizes.min()), sizes.max() + 1, 30).astype(int)).tolist() if len(sizes) else 10
     axes.hist(sizes, bins=bins, color="tab:blue", edgecolor="white")
     axes.axvline(k, color="tab:red", linestyle="--", linewidth=1, label=f"k = {k}")
     axes.set(xscale="log", xlabel="records in the group", ylabel="groups", title=f"{len(sizes)} published groups")

@@ -20,6 +20,7 @@ import logging
 import time
 from collections.abc import Iterator
 from typing import Protocol
+from uuid import UUID
 
 
 class ProgressListener(Protocol):
@@ -45,7 +46,7 @@ def remove_listener(listener: ProgressListener) -> None:
         _listeners.remove(listener)
 
 
-def _logger() -> logging.Logger:
+def _logger() -> logging.Logger | logging.LoggerAdapter:
     try:
         from prefect import get_run_logger
 
@@ -61,7 +62,7 @@ class ReleaseProgress:
         self.steps = max(int(steps), 1)
         self.done = 0
         self.description = description
-        self._artifact = None
+        self._artifact: UUID | None = None
         self._failed = False
 
     def step(self, count: int = 1, note: str | None = None) -> None:
@@ -77,7 +78,9 @@ class ReleaseProgress:
             percent = 100.0 * self.done / self.steps
             description = self.description + (f": {note}" if note else "")
             if self._artifact is None:
-                self._artifact = create_progress_artifact(progress=percent, description=description)
+                created = create_progress_artifact(progress=percent, description=description)
+                if isinstance(created, UUID):  # always, called from sync code; the coroutine is for async callers
+                    self._artifact = created
             else:
                 update_progress_artifact(self._artifact, progress=percent, description=description)
         except Exception as failure:  # noqa: BLE001 - progress must not fail a release

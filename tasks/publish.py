@@ -244,6 +244,8 @@ def staged_outputs(staging: Path) -> dict[str, str] | None:
 def publish(frame: pd.DataFrame, manifest: dict, output_dir: str | Path) -> Publication:
     """Stage and put in place in one go (for callers without an audit record to commit in between)."""
     publication = stage(frame, manifest, output_dir)
+    if publication.staging is None:  # stage() always names its staging folder
+        raise RuntimeError("the release was not staged")
     put_in_place(publication.staging, publication.directory)
     return publication
 

@@ -7,12 +7,12 @@ recorded too, so officers can see what was attempted, not only what was publishe
 """
 
 import getpass
-import os
 from pathlib import Path
 
 from prefect import task
 from prefect.cache_policies import NO_CACHE
 
+from kepsilon import settings
 from kepsilon.audit.approvals import ApprovalMissing, require_approval
 from kepsilon.audit.integrity import check_store
 from kepsilon.audit.ledger import BudgetExceeded, Reservation, mark_noise_drawn, reserve
@@ -197,7 +197,8 @@ def check_seed_key(store: str, key: str) -> None:
         ).fetchone()
     finally:
         db.close()
-    raw, source = os.environ.get(seeds.ENV_KEY), seeds.ENV_KEY
+    raw: str | bytes | None = settings.current().seed_key
+    source = seeds.ENV_KEY
     if not raw:
         path, source = seeds.key_file_path(), seeds.ENV_KEY_FILE
         if not path.exists():

@@ -306,7 +306,7 @@ class ScratchLease:
     def __init__(self, root: Path, release_id: str):
         folder = root / f"{release_id}-{uuid.uuid4().hex[:12]}"
         _private_mkdir(folder)
-        self._lock = os.open(folder / MARKER, os.O_RDWR | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW | os.O_CLOEXEC, 0o600)
+        self._lock: int | None = os.open(folder / MARKER, os.O_RDWR | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW | os.O_CLOEXEC, 0o600)
         fcntl.flock(self._lock, fcntl.LOCK_EX)
         os.fchmod(self._lock, 0o600)
         note = {"kepsilon": "scratch", "release_id": release_id, "pid": os.getpid(), "host": socket.gethostname(),
@@ -402,7 +402,7 @@ def _remove_if_dead(folder: Path) -> bool | None:
 def _sweep_old_layout(output_dir: Path) -> list[Path]:
     """Remove ``OUTPUT_DIR/.<id>.scratch`` folders of versions that kept the scratch beside the output
     (recognised by their name and their stage sub-folders; they had no lock, and no current run writes there)."""
-    removed = []
+    removed: list[Path] = []
     try:
         candidates = list(output_dir.glob(".*.scratch"))
     except OSError:

@@ -130,10 +130,11 @@ def _plan_csv(source: SourceSpec, partitions: int | None) -> SourcePlan:
             newlines_before += len(newlines)
             position += len(block)
     names = column_names(decode_text(bytes(head)).removeprefix(_BOM), source)
-    edges = [(0, 0), *boundaries, (size, None)]
+    starts = [(0, 0), *boundaries]  # (byte offset, line breaks before it) of each piece
+    ends = [start for start, _ in boundaries] + [size]
     pieces = tuple(
         Piece(index=number, segments=((start, end),), first_line=breaks + 1)
-        for number, ((start, breaks), (end, _)) in enumerate(zip(edges[:-1], edges[1:]))
+        for number, ((start, breaks), end) in enumerate(zip(starts, ends))
     )
     return SourcePlan("csv", (str(path),), tuple(names), pieces, digest.hexdigest(), size, size)
 

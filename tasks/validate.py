@@ -528,7 +528,7 @@ def _check_parameters(published, k_quasi, e_quasi, explicit, k, rows_in, rows_re
         isinstance(suppression_budget, bool)
         or not isinstance(suppression_budget, numbers.Real)
         or not math.isfinite(suppression_budget)
-        or not 0 <= suppression_budget <= 1
+        or not 0 <= float(suppression_budget) <= 1
     ):
         raise SpecError("suppression_budget", "must be a number between 0 and 1")
 

@@ -1,6 +1,7 @@
 """Shared fixtures: paths to the bundled data, a small valid release spec, one Prefect server per session."""
 
 import os
+from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
@@ -70,7 +71,7 @@ def capped_store(tmp_path, monkeypatch, population: str):
 
 
 @pytest.fixture(scope="session")
-def prefect_server_env(tmp_path_factory) -> dict:
+def prefect_server_env(tmp_path_factory) -> Iterator[dict]:
     """One real local Prefect server (with its UI) for every CLI run of the session that needs one.
 
     Yields the environment a ``kepsilon`` subprocess needs to report there (PREFECT_API_URL,

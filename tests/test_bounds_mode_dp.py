@@ -85,8 +85,8 @@ def events(published: np.ndarray, changed_value: np.ndarray) -> dict[str, np.nda
     found = {
         "changed record published": published[:, CHANGED],
         "changed record not published": ~published[:, CHANGED],
-        "all three published": published.all(axis=1),
-        "not all published": ~published.all(axis=1),
+        "all three published": np.all(published, axis=1),
+        "not all published": ~np.all(published, axis=1),
     }
     bins = np.clip(np.digitize(changed_value, BIN_EDGES[1:-1]), 0, len(BIN_EDGES) - 2)
     for index in range(len(BIN_EDGES) - 1):

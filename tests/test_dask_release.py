@@ -13,6 +13,7 @@ import io
 import json
 import os
 from pathlib import Path
+from uuid import UUID
 
 import numpy as np
 import pandas as pd
@@ -345,7 +346,7 @@ def _assert_the_api_never_saw_the_seed(flow_run_id: str, seed: bytes, partitions
     from prefect.client.schemas.filters import FlowRunFilter, FlowRunFilterId, LogFilter, LogFilterFlowRunId
 
     with get_client(sync_client=True) as client:
-        run = client.read_flow_run(flow_run_id)
+        run = client.read_flow_run(UUID(flow_run_id))
         tasks = client.read_task_runs(flow_run_filter=FlowRunFilter(id=FlowRunFilterId(any_=[run.id])))
         logs = client.read_logs(log_filter=LogFilter(flow_run_id=LogFilterFlowRunId(any_=[run.id])))
     perturbing = [t for t in tasks if t.name.startswith("perturb-suppress")]
@@ -370,8 +371,9 @@ def _progress_of(flow_run_id: str) -> float | None:
 
     with get_client(sync_client=True) as client:
         artifacts = client.read_artifacts(artifact_filter=ArtifactFilter(
-            flow_run_id=ArtifactFilterFlowRunId(any_=[flow_run_id]), type=ArtifactFilterType(any_=["progress"])))
-    return artifacts[0].data if len(artifacts) == 1 else None
+            flow_run_id=ArtifactFilterFlowRunId(any_=[UUID(flow_run_id)]), type=ArtifactFilterType(any_=["progress"])))
+    data = artifacts[0].data if len(artifacts) == 1 else None
+    return float(data) if isinstance(data, (int, float)) else None
 
 
 def _in_memory_check_names(spec: ReleaseSpec) -> list[str]:

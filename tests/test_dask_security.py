@@ -165,6 +165,7 @@ def _lease_in_a_process_then_kill_it(root: Path) -> Path:
         time.sleep(60)
     """)
     child = subprocess.Popen([sys.executable, "-c", script], stdout=subprocess.PIPE, text=True)
+    assert child.stdout is not None
     folder = Path(child.stdout.readline().strip())
     os.kill(child.pid, signal.SIGKILL)
     child.wait(timeout=30)

@@ -167,9 +167,10 @@ def walk_probabilities(table, model, k, beta, epsilon, steps, sensitivity=None) 
         scores = np.array([scorer.score(c) for c in candidates])
         return exponential_mechanism_probabilities(scores, budget, sensitivity, monotone=True)
 
-    paths = {(top_node(table.heights),): 1.0}
+    Pivots = tuple[tuple[int, ...], ...]  # the pivots drawn so far, in order
+    paths: dict[Pivots, float] = {(top_node(table.heights),): 1.0}
     for _ in range(steps):
-        longer = {}
+        longer: dict[Pivots, float] = {}
         for path, probability in paths.items():
             seen = {node for pivot in path for node in specialisations(pivot)} | {path[0]}
             candidates = sorted(seen - set(path))

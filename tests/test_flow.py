@@ -64,7 +64,7 @@ def _fail_after_staging(monkeypatch, error: BaseException, also=None):
     import kepsilon.tasks.publish as publish_module
 
     real_stage = publish_module.stage
-    calls = []
+    calls: list[publish_module.Publication] = []
 
     def stage_then_fail(frame, manifest, output_dir):
         if calls:

@@ -1,4 +1,4 @@
-"""``kepsilon init DATA.csv``: the starter spec, run as the README's quick start runs it.
+"""``kepsilon init DATA.csv``: the starter spec, run as the README's quick start ("Your own data") runs it.
 
 The table is generated at test time (``tests/patients.py``, issue 22's 4,000 patients); the project
 ships no such file. Expected roles are written out by hand from what the columns are.

@@ -8,7 +8,7 @@ plots the page really rendered (``<img>`` elements holding a PNG, loaded, wider 
 Debian's ``chromium``.
 
 ``KEPSILON_UI_SCREENSHOT=docs/advice-figures-in-prefect-ui.png`` also saves the V2 page of the advice run there
-(the README's screenshot). Slow (about a minute): a server, two flow runs, four page loads.
+(the screenshot in docs/advise.md). Slow (about a minute): a server, two flow runs, four page loads.
 
 The second part (below) submits the deployments' "Custom run" forms under ``deployments/serve.sh`` in both UIs,
 untouched and edited, and waits for the runs (about nine minutes on a loaded machine).
@@ -37,7 +37,7 @@ from .conftest import ROOT, release_spec_dict
 # Headless Chromium against a real server, about 60 s: `make test-heavy` (like `make audit-ui-check`).
 pytestmark = [pytest.mark.server, pytest.mark.heavy]
 
-CHROMIUM = shutil.which("chromium")
+CHROMIUM = shutil.which("chromium") or ""  # empty: not installed, the browser tests are skipped
 SCREENSHOT_ENV = "KEPSILON_UI_SCREENSHOT"
 
 RUN_BOTH = """
@@ -147,7 +147,7 @@ def runs(tmp_path_factory):
         yield env["PREFECT_API_URL"].removesuffix("/api"), ids, work, env["PREFECT_API_AUTH_STRING"]
 
 
-@pytest.mark.skipif(CHROMIUM is None, reason="needs Debian's chromium")
+@pytest.mark.skipif(not CHROMIUM, reason="needs Debian's chromium")
 @pytest.mark.parametrize("run, plots", [("advice", 3), ("release", 2)])
 @pytest.mark.parametrize("ui", ["v2", "v1"])
 def test_the_runs_page_shows_its_plots_on_its_artifacts_tab(runs, run, plots, ui):
@@ -477,7 +477,7 @@ async def _submit(socket_url: str, url: str, edits, login: str, screenshot: Path
         return json.loads(body)["id"]
 
 
-@pytest.mark.skipif(CHROMIUM is None, reason="needs Debian's chromium")
+@pytest.mark.skipif(not CHROMIUM, reason="needs Debian's chromium")
 @pytest.mark.parametrize("deployment", ["release", "advice"])
 @pytest.mark.parametrize("ui", ["v2", "v1"])
 def test_the_custom_run_form_submits_untouched_and_edited_and_both_runs_complete(served, ui, deployment):

@@ -1,10 +1,12 @@
 """The public field list is enforced: a field not on it is refused at publish, at any depth."""
 
+from typing import Any
+
 import pytest
 
 from kepsilon.flows.manifest import PrivateFieldInPublicManifest, check_public_fields
 
-PUBLIC = {
+PUBLIC: dict[str, Any] = {
     "release_id": "r",
     "population_id": "p",
     "method": {"k": 5, "epsilon": 1.0, "e_quasi": {"HEIGHT": {"lower": 130, "upper": 210, "grid": 0.125}}},

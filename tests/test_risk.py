@@ -182,7 +182,7 @@ def _brute_force_msus(frame: pd.DataFrame, columns, max_size):
     """Every record × every column set: unique, and no proper subset unique (SUDA's definition)."""
     rows = [tuple(r) for r in frame[columns].itertuples(index=False)]
     index = {c: i for i, c in enumerate(columns)}
-    found = {}
+    found: dict[tuple[str, ...], set[int]] = {}
     for size in range(1, max_size + 1):
         for combo in combinations(columns, size):
             counts = Counter(tuple(row[index[c]] for c in combo) for row in rows)

@@ -5,6 +5,7 @@ import dataclasses
 import json
 import logging
 from collections import Counter
+from typing import Any
 
 import numpy as np
 import pandas as pd
@@ -48,7 +49,7 @@ def good_frame() -> pd.DataFrame:
 
 
 def run(frame, **overrides) -> ValidationReport:
-    params = dict(
+    params: dict[str, Any] = dict(
         k_quasi=["band", "sex"],
         e_quasi=["height", "weight"],
         explicit=["NAME", "SSN"],

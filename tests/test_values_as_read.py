@@ -199,7 +199,7 @@ TYPED = {
                     datetime.datetime(2020, 6, 1, tzinfo=datetime.UTC), None], pa.timestamp("us", tz="Europe/Dublin")),
     "b": pa.array([b"\x00\xff", None, b"", b"caf\xc3\xa9"], pa.binary()),
 }  # fmt: skip
-# How data.csv writes them (README, "What a release publishes").
+# How data.csv writes them (docs/release.md, "What a release publishes").
 TYPED_TEXTS = {
     "i": ["7", "", "9007199254740993", "0"],
     "f": ["0.1", "nan", "", "-2.5"],

@@ -212,7 +212,7 @@ BOUNDS_MODE_REASON = (
 )
 
 
-def suppress_records(original: pd.DataFrame, noisy: pd.DataFrame, class_ids: np.ndarray, scales: dict, spec):
+def suppress_records(original: pd.DataFrame, noisy: pd.DataFrame, class_ids: np.ndarray, scales: dict, spec) -> SuppressionResult:
     """c-confident suppression over the spec's ε-quasis, with its k and confidence.
 
     ``scale_basis="diameter"``: the record and class rules of :func:`confidence_suppress_columns`,
