@@ -20,6 +20,8 @@ import secrets
 import tempfile
 from pathlib import Path
 
+from kepsilon import settings
+
 from .private import DEFAULT_FOLDER, FILE_MODE, owner_only, private_folder
 
 ENV_ACCOUNTS = "KEPSILON_AUDIT_UI_ACCOUNTS"
@@ -36,7 +38,7 @@ class AccountError(ValueError):
 
 def accounts_file() -> Path:
     """KEPSILON_AUDIT_UI_ACCOUNTS or ./.kepsilon/audit-ui-accounts.json."""
-    return Path(os.environ.get(ENV_ACCOUNTS) or DEFAULT_ACCOUNTS)
+    return settings.current().audit_ui_accounts or Path(DEFAULT_ACCOUNTS)
 
 
 def hash_password(password: str, salt: bytes | None = None) -> str:

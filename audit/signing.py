@@ -24,6 +24,7 @@ from cryptography.exceptions import InvalidSignature, UnsupportedAlgorithm
 from cryptography.hazmat.primitives import serialization
 from cryptography.hazmat.primitives.asymmetric.ed25519 import Ed25519PrivateKey, Ed25519PublicKey
 
+from kepsilon import settings
 from kepsilon.tasks.errors import SpecError
 
 # The environment variable naming the private key file of whoever runs a command or a worker.
@@ -97,8 +98,8 @@ def key_path(explicit: str | Path | None, parameter: str = "--key") -> tuple[Pat
     """The private key file to use and the setting that named it: ``explicit``, else env KEPSILON_SIGNING_KEY."""
     if explicit is not None and str(explicit).strip():
         return Path(explicit), parameter
-    configured = os.environ.get(ENV_SIGNING_KEY, "").strip()
-    return (Path(configured), ENV_SIGNING_KEY) if configured else (None, parameter)
+    configured = settings.current().signing_key
+    return (configured, ENV_SIGNING_KEY) if configured is not None and str(configured).strip() else (None, parameter)
 
 
 def load_private_key(path: str | Path, parameter: str) -> Ed25519PrivateKey:

@@ -22,11 +22,11 @@ export), and on stderr, once, the notice that it was generated and where it is k
 from __future__ import annotations
 
 import base64
-import os
 import secrets
 import sys
 from pathlib import Path
 
+from kepsilon import settings
 from kepsilon.audit.private import DEFAULT_FOLDER, owner_only, write_private_file
 
 ENV_AUTH_FILE = "KEPSILON_PREFECT_AUTH_FILE"
@@ -45,7 +45,7 @@ def new_auth_string() -> str:
 
 def auth_file() -> Path:
     """Where ``make serve``'s secret is kept: KEPSILON_PREFECT_AUTH_FILE or ./.kepsilon/prefect-server.auth."""
-    return Path(os.environ.get(ENV_AUTH_FILE) or DEFAULT_AUTH_FILE)
+    return settings.current().prefect_auth_file or Path(DEFAULT_AUTH_FILE)
 
 
 def read_auth_string(path: Path | None = None) -> str | None:

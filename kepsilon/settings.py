@@ -84,6 +84,23 @@ class Settings:
         "(`shown` with `--debug`).",
         "shown",
     )
+    signing_key: Path | None = _setting(
+        "KEPSILON_SIGNING_KEY",
+        "The Ed25519 private key (OpenSSH or PKCS#8 PEM, 0600) that signs this process's acts once the store has "
+        "principals; `--key` sets it for a command (docs/identity.md).",
+        "none: acts are unsigned (refused in a store with principals)",
+    )
+    prefect_auth_file: Path | None = _setting(
+        "KEPSILON_PREFECT_AUTH_FILE",
+        "The file holding `make serve`'s Prefect login string (generated on first use, 0600); clients read it "
+        "(docs/logins.md).",
+        "`./.kepsilon/prefect-server.auth`",
+    )
+    audit_ui_accounts: Path | None = _setting(
+        "KEPSILON_AUDIT_UI_ACCOUNTS",
+        "The officers' accounts of `make audit-ui` (scrypt hashes, 0600; `kepsilon officers add`).",
+        "`./.kepsilon/audit-ui-accounts.json`",
+    )
     fault_at: str | None = _setting(
         "KEPSILON_FAULT_AT",
         "Test hook (`make reliability`): the fault point at which the release SIGKILLs itself.",
