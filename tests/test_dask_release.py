@@ -32,8 +32,6 @@ from kepsilon.tasks.partitioned import (
     GroupCoder,
     GroupCounts,
     Scratch,
-    anonymise,
-    class_targets,
     combine_intakes,
     combine_outcome,
     distinct_count,
@@ -44,6 +42,7 @@ from kepsilon.tasks.partitioned import (
     perturb_and_suppress,
     publish_part,
 )
+from kepsilon.tasks.shards import anonymise_shards, merge_shard
 from kepsilon.tasks.publish import csv_bytes, csv_header, parquet_bytes
 from kepsilon.tasks.sources import plan_source
 
@@ -110,6 +109,21 @@ def as_published(frame: pd.DataFrame) -> pd.DataFrame:
 # --------------------------------------------------------------------------- the stages, in this process
 
 
+def in_process(name, function, arguments):
+    """``tasks/shards.py``'s ``each`` run here, one call after the other."""
+    return [function(*a) for a in arguments]
+
+
+def anonymise_in_shards(spec: ReleaseSpec, plan, table, root: Scratch, max_tuples: int = 300):
+    """The flow's merge of the partials into shards and the anonymiser on them (small leaves: the
+    distributed top of Mondrian's tree does cut)."""
+    columns = [q.column for q in spec.roles.k_quasi]
+    summaries = [merge_shard(root, b, table.offsets, columns) for b in range(len(plan.pieces))]
+    sharded = anonymise_shards(spec, root, summaries, table.values, in_process, max_tuples=max_tuples)
+    anonymised = sharded.anonymised()
+    return anonymised, anonymised.classes
+
+
 def run_stages(spec: ReleaseSpec, seed: bytes, partitions: int, folder: Path):
     """The partitioned path's stages one after the other, as the flow orders them (no Prefect, no Dask)."""
     root = Scratch.new(folder / "scratch")
@@ -117,11 +131,10 @@ def run_stages(spec: ReleaseSpec, seed: bytes, partitions: int, folder: Path):
     pieces = len(plan.pieces)
     intakes = [intake(plan, piece, spec, root) for piece in plan.pieces]
     table = combine_intakes(intakes, spec, lambda number: distinct_count(root, number, pieces))
-    anonymised = anonymise(table.histogram, spec)
-    classes = anonymised.classes
-    targets = class_targets(table.histogram, classes.class_of_tuple, pieces)
+    anonymised, classes = anonymise_in_shards(spec, plan, table, root)
+    columns = [q.column for q in spec.roles.k_quasi]
     for piece, offset in zip(plan.pieces, table.offsets):
-        distribute(piece.index, offset, root, table.histogram.tuples, classes.class_of_tuple, targets)
+        distribute(piece.index, offset, root, columns, pieces)
     coder = GroupCoder.build(spec, anonymised.hierarchies, anonymised.criteria)
     parts = [
         perturb_and_suppress(j, pieces, root, spec, RecordStreams(seed), anonymised.hierarchies, classes.levels, coder, pieces)
@@ -169,10 +182,9 @@ def test_the_class_partitions_predict_what_the_in_memory_path_predicts(sources, 
     pieces = len(plan.pieces)
     table = combine_intakes([intake(plan, piece, spec, root) for piece in plan.pieces], spec,
                             lambda number: distinct_count(root, number, pieces))
-    classes = anonymise(table.histogram, spec).classes
-    targets = class_targets(table.histogram, classes.class_of_tuple, pieces)
+    anonymise_in_shards(spec, plan, table, root)
     for piece, offset in zip(plan.pieces, table.offsets):
-        distribute(piece.index, offset, root, table.histogram.tuples, classes.class_of_tuple, targets)
+        distribute(piece.index, offset, root, [q.column for q in spec.roles.k_quasi], pieces)
     whole = Prediction(draws=8, published=np.zeros(8))
     for index in range(pieces):
         whole = whole.add(predict_partition(index, pieces, root, spec, 8, index))
