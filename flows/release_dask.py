@@ -342,7 +342,8 @@ def _release(spec, plan, key, operator, store, started_at, figures_dir, output_d
 def _on_cluster(name: str, function, arguments: list[tuple]) -> list:
     """``tasks/shards.py``'s ``each``: ``function(*a)`` for every ``a`` as a task on the cluster."""
     step = shard_step_task.with_options(name=name)
-    return _each(name, [step.submit(function, *a) for a in arguments])
+    # Not among the release's counted steps: how many the tree's depth takes is known only as it grows.
+    return _each(name, [step.submit(function, *a) for a in arguments], counted=False)
 
 
 def _anonymise(spec: ReleaseSpec, plan, table, scratch: Scratch) -> ShardedClasses:
@@ -432,7 +433,7 @@ def _on_this_machine(address: str) -> bool:
         return False
 
 
-def _each(name: str, futures: list) -> list:
+def _each(name: str, futures: list, counted: bool = True) -> list:
     """Wait for a stage's tasks, one progress step per partition; the results in partition order.
 
     A failed partition does not stop the others from finishing (their scratch files stay consistent);
@@ -441,7 +442,7 @@ def _each(name: str, futures: list) -> list:
     """
     results, failures = [None] * len(futures), {}
     position = {id(future): number for number, future in enumerate(futures)}
-    with stage(name, len(futures)) as progress:
+    with stage(name, len(futures), counted) as progress:
         for future in as_completed(futures):
             number = position[id(future)]
             try:

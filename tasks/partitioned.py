@@ -4,12 +4,14 @@
 
 A. **intake** (per piece of the source, ``tasks/sources.py``): read the piece, classify it with
    ``classify_findings`` (counts of everything ``classify`` refuses), count its histogram of distinct
-   k-quasi tuples (``kepsilon.engine.histogram``); the classified records go to the scratch folder.
-   The flow adds the counts up and refuses what the in-memory path refuses; the histograms add up to
-   the whole table's, on which Mondrian or OLA decide the class of every tuple (one task).
-B. **distribute** (per piece): each record gets its tuple's class (a join on the k-quasi values) and
-   goes to the class partition of its class: a class partition holds whole classes, in ranges of
-   class ids of about equal record counts.
+   k-quasi tuples (``kepsilon.engine.histogram``); the classified records go to the scratch folder, and
+   so does the histogram, split by a hash of the tuple into one partial per bucket. The flow adds the
+   counts up and refuses what the in-memory path refuses. The partials are then merged into shards and
+   anonymised on the cluster (``tasks/shards.py``: Mondrian distributed, OLA in one task), so no
+   histogram ever reaches the flow's process.
+B. **distribute** (per piece): each record gets its tuple's class (a join on the k-quasi values with
+   the shard of its bucket, one shard at a time) and goes to the class partition of its class: a class
+   partition holds whole classes, in ranges of class ids of about equal record counts.
 C. **perturb and suppress** (per class partition): the engine's own functions on whole classes — noise
    keyed by (seed, source position, column), confidence suppression, labels from the published
    members — then the candidate records go to the range of their release-order key (the 64-bit key of

@@ -42,8 +42,8 @@ from kepsilon.tasks.partitioned import (
     perturb_and_suppress,
     publish_part,
 )
-from kepsilon.tasks.shards import anonymise_shards, merge_shard
 from kepsilon.tasks.publish import csv_bytes, csv_header, parquet_bytes
+from kepsilon.tasks.shards import anonymise_shards, merge_shard
 from kepsilon.tasks.sources import plan_source
 
 from .conftest import SYNTHETIC, release_spec_dict
@@ -449,3 +449,60 @@ def test_a_scheduler_address_nothing_answers_at_is_refused_by_name():
         listening.bind(("127.0.0.1", 0))
         listening.listen()
         check_scheduler_reachable(f"tcp://127.0.0.1:{listening.getsockname()[1]}")
+
+
+@pytest.mark.flow
+@pytest.mark.usefixtures("prefect_harness")
+def test_a_fine_grained_release_ships_no_large_graph_and_the_flow_never_builds_the_histogram(
+    clusters, tmp_path, monkeypatch
+):
+    """Fine-grained k-quasis (a 5-digit ZIP: a distinct tuple for nearly every record) on 3 partitions:
+    the histogram pickles to several MB, yet no task's graph comes near 1 MB (distributed's "Sending
+    large graph" warning, its threshold lowered to 1 MB), and the flow's process never counts or merges
+    a histogram (the engine's histogram functions, spied on in this process, are never called: the
+    workers, other processes, do it)."""
+    import pickle
+    import warnings
+
+    import dask
+
+    import kepsilon.engine.anonymise as anonymise_module
+    import kepsilon.engine.histogram as histogram_module
+    import kepsilon.tasks.shards as shards_module
+    from kepsilon.engine.anonymise import histogram_of
+    from kepsilon.flows.release import governed_release
+
+    from .conftest import capped_store
+
+    capped_store(tmp_path, monkeypatch, "test-population")
+    private_temporary_folder(tmp_path, monkeypatch)
+    data = release_spec_dict(
+        "paper-synthetic", release_id="dask-fine", population_id="test-population", output_dir=str(tmp_path / "out"),
+        source={"path": str(SYNTHETIC / "people.csv"), "delimiter": ";"}, k=3,
+        execution={"engine": "dask", "scheduler": clusters[2].scheduler_address, "partitions": 3},
+    )
+    data["roles"]["k_quasi"].insert(0, {"column": "ZIP", "hierarchy": {"kind": "masking", "length": 5}})
+    data["roles"]["explicit"].remove("ZIP")
+    spec = ReleaseSpec.model_validate(data)
+    histogram = histogram_of(classify(read_source(spec.source).frame, spec).frame, spec, extremes=True)
+    assert len(histogram) > 20_000 and len(pickle.dumps(histogram)) > 2_000_000  # what the old graph carried
+
+    calls = []
+
+    def spy(function):
+        def called(*args, **kwargs):
+            calls.append(function.__name__)
+            return function(*args, **kwargs)
+        return called
+
+    for module, name in [(histogram_module, "tuple_histogram"), (histogram_module, "merge_histograms"),
+                         (anonymise_module, "tuple_histogram"), (shards_module, "merge_histograms")]:
+        monkeypatch.setattr(module, name, spy(getattr(module, name)))
+    with warnings.catch_warnings(record=True) as caught, dask.config.set(
+        {"distributed.admin.large-graph-warning-threshold": "1MB"}
+    ):
+        warnings.simplefilter("always")
+        record = governed_release(spec)
+    assert record["outcome"] == "published" if "outcome" in record else record["rows_published"] > 0
+    assert [str(w.message) for w in caught if "large graph" in str(w.message)] == []
+    assert calls == []

@@ -17,7 +17,7 @@ import pytest
 
 from kepsilon.engine.anonymise import histogram_of, k_anonymise_histogram
 from kepsilon.engine.criteria import build_criteria
-from kepsilon.engine.histogram import tuple_histogram
+from kepsilon.engine.histogram import concat_disjoint, take_tuples, tuple_histogram
 from kepsilon.engine.mondrian import mondrian_classes
 from kepsilon.engine.mondrian_tree import (
     CutTree,
@@ -31,7 +31,6 @@ from kepsilon.engine.mondrian_tree import (
     mondrian_report,
     node_statistics,
 )
-from kepsilon.engine.histogram import concat_disjoint, take_tuples
 from kepsilon.flows.spec import ReleaseSpec
 from kepsilon.tasks.errors import SpecError
 from kepsilon.tasks.partitioned import certain_linking_share, class_targets

@@ -35,12 +35,11 @@ from dataclasses import dataclass, field, replace
 import numpy as np
 import pandas as pd
 
-from .criteria import ColumnCriteria, declared, group_value_counts
+from .criteria import ColumnCriteria, declared
 from .errors import SpecError
 from .hierarchy import Hierarchy, categorical_precision, lowest_common_levels
 from .histogram import TupleHistogram, pair_codes
 from .mondrian import ALGORITHM, _Classes, _Dimension, _distinct_tuples, _encode, _SensitiveCounts, _split_into_classes
-
 
 # --------------------------------------------------------------------------- the encoding
 
@@ -74,7 +73,7 @@ def _codes_of(dimension: _Dimension, values: pd.Series) -> np.ndarray:
     """The codes of values under a dimension encoded from the whole table's distinct values."""
     value_codes, distinct_values = pd.factorize(values, use_na_sentinel=False)
     distinct_values = pd.Series(distinct_values, name=values.name, dtype=values.dtype)
-    if dimension.kind == "hierarchy":
+    if dimension.hierarchy is not None:  # kind "hierarchy"
         keys = dimension.hierarchy.leaf_codes(distinct_values)
     elif dimension.kind == "interval":
         keys = distinct_values.to_numpy(dtype=dimension.distinct.dtype)
@@ -295,13 +294,15 @@ def finish_subtree(histogram: TupleHistogram, encoding: Encoding, k: int, criter
     units = _distinct_tuples(dimensions, histogram.weights, histogram.first)
     sensitive = _SensitiveCounts.build(declared(criteria), histogram, units)
     classes = _split_into_classes(dimensions, units, k, sensitive)
-    loss, levels, set_sizes = [], {}, {}
+    loss: list[np.ndarray] = []
+    levels: dict[int, np.ndarray] = {}
+    set_sizes: dict[int, np.ndarray] = {}
     for j, dimension in enumerate(dimensions):
         class_loss, measure = _class_loss(dimension, classes, j)
         loss.append(class_loss)
-        if dimension.kind == "hierarchy":
+        if measure is not None and dimension.kind == "hierarchy":
             levels[j] = measure
-        elif dimension.kind == "set":
+        elif measure is not None and dimension.kind == "set":
             set_sizes[j] = measure
     return SubtreeClasses(classes.ids, classes.first_rows, classes.sizes, loss, classes.low_codes, classes.high_codes,
                           levels, set_sizes)
@@ -310,7 +311,7 @@ def finish_subtree(histogram: TupleHistogram, encoding: Encoding, k: int, criter
 def _class_loss(dimension: _Dimension, classes: _Classes, j: int) -> tuple[np.ndarray, np.ndarray | None]:
     """Per class: its information loss on a dimension, and the level (hierarchy) or set size (set) behind it
     (``mondrian._release``' figures)."""
-    if dimension.kind == "hierarchy":
+    if dimension.hierarchy is not None:  # kind "hierarchy"
         unit_leaf_codes = dimension.distinct[classes.units.codes[j]]
         levels = lowest_common_levels(unit_leaf_codes, classes.unit_ids, dimension.hierarchy)
         loss = np.broadcast_to(categorical_precision(levels, dimension.hierarchy.height), levels.shape)
@@ -342,7 +343,7 @@ def mondrian_report(
     precision, generalisation = {}, {}
     for j, dimension in enumerate(encoding.dimensions):
         precision[dimension.name] = float(np.average(loss[j], weights=sizes))
-        if dimension.kind == "hierarchy":
+        if dimension.hierarchy is not None:  # kind "hierarchy"
             height = dimension.hierarchy.height
             per_level = np.bincount(levels[j], weights=sizes, minlength=height)
             generalisation[dimension.name] = {
