@@ -478,7 +478,7 @@ def test_a_fine_grained_release_ships_no_large_graph_and_the_flow_never_builds_t
     private_temporary_folder(tmp_path, monkeypatch)
     data = release_spec_dict(
         "paper-synthetic", release_id="dask-fine", population_id="test-population", output_dir=str(tmp_path / "out"),
-        source={"path": str(SYNTHETIC / "people.csv"), "delimiter": ";"}, k=3,
+        source={"path": str(SYNTHETIC / "people.csv"), "delimiter": ";"}, k=3, max_linking_risk=1.0,
         execution={"engine": "dask", "scheduler": clusters[2].scheduler_address, "partitions": 3},
     )
     data["roles"]["k_quasi"].insert(0, {"column": "ZIP", "hierarchy": {"kind": "masking", "length": 5}})
@@ -503,6 +503,6 @@ def test_a_fine_grained_release_ships_no_large_graph_and_the_flow_never_builds_t
     ):
         warnings.simplefilter("always")
         record = governed_release(spec)
-    assert record["outcome"] == "published" if "outcome" in record else record["rows_published"] > 0
+    assert record["rows_published"] > 0
     assert [str(w.message) for w in caught if "large graph" in str(w.message)] == []
     assert calls == []
