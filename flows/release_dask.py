@@ -62,9 +62,6 @@ from kepsilon.tasks.partitioned import (
     DATASET,
     GroupCoder,
     GroupCounts,
-    anonymise_task,
-    certain_linking_share,
-    class_targets,
     combine_intakes,
     combine_outcome,
     combine_perturbation,
@@ -79,6 +76,7 @@ from kepsilon.tasks.partitioned import (
     predict_task,
     publish_task,
     remove_partials,
+    shard_step_task,
 )
 from kepsilon.tasks.preflight import Verdicts, check_output, find_published, pre_epsilon_checks, unchanged_release
 from kepsilon.tasks.progress import release_progress, stage
@@ -105,6 +103,7 @@ from kepsilon.tasks.record import (
     verify_store,
 )
 from kepsilon.tasks.scratch import Scratch, ScratchLease, private_root
+from kepsilon.tasks.shards import ShardedClasses, anonymise_shards, merge_shard
 from kepsilon.tasks.validate import validate_aggregated, validation_failure, weight_column_name
 
 # Room the scratch folder needs, as a multiple of the table's size in memory: the classified records,
@@ -306,12 +305,13 @@ def _release(spec, plan, key, operator, store, started_at, figures_dir, output_d
     }
     logger.info("release %s: %d records in", spec.release_id, table.rows)
 
-    anonymised = anonymise_task.submit(table.histogram, spec).result()
+    sharded = _anonymise(spec, plan, table, scratch)
+    anonymised = sharded.anonymised()
     classes = anonymised.classes
     record["anonymiser"] = classes.report
     record["hierarchies"] = classes.report.get("hierarchies", {})
-    _distribute(plan, table, classes, scratch)
-    record["pre_epsilon"] = _pre_epsilon(Verdicts(), spec, store, key, table, classes, plan, scratch)
+    _distribute(spec, plan, table, scratch)
+    record["pre_epsilon"] = _pre_epsilon(Verdicts(), spec, store, key, table, sharded, plan, scratch)
     coder = GroupCoder.build(spec, anonymised.hierarchies, anonymised.criteria)
 
     record["approval"] = check_approval(spec, operator, store, record)
@@ -340,26 +340,47 @@ def _release(spec, plan, key, operator, store, started_at, figures_dir, output_d
     return record
 
 
-def _distribute(plan, table, classes, scratch: Scratch) -> None:
+def _on_cluster(name: str, function, arguments: list[tuple]) -> list:
+    """``tasks/shards.py``'s ``each``: ``function(*a)`` for every ``a`` as a task on the cluster."""
+    step = shard_step_task.with_options(name=name)
+    # Not among the release's counted steps: how many the tree's depth takes is known only as it grows.
+    return _each(name, [step.submit(function, *a) for a in arguments], counted=False)
+
+
+def _anonymise(spec: ReleaseSpec, plan, table, scratch: Scratch) -> ShardedClasses:
+    """The histogram merged into shards on the workers (one per bucket of tuple hashes), then Mondrian
+    (distributed) or OLA (one task) on them: the flow receives counts and the tree's cuts, never the
+    histogram (``tasks/shards.py``)."""
+    columns = [q.column for q in spec.roles.k_quasi]
+    pieces = len(plan.pieces)
+    summaries = _on_cluster("merge-histogram", merge_shard, [(scratch, b, table.offsets, columns) for b in range(pieces)])
+    scratch.remove("partial")
+    sharded = anonymise_shards(spec, scratch, summaries, table.values, _on_cluster)
+    for name in ("leaf", "local", "firsts", "numbers", "class-of", "class-table"):
+        scratch.remove(name)
+    return sharded
+
+
+def _distribute(spec: ReleaseSpec, plan, table, scratch: Scratch) -> None:
     """Stage B, before ε (it needs no noise): every record to the class partition of its class."""
-    targets = class_targets(table.histogram, classes.class_of_tuple, len(plan.pieces))
-    tuples = table.histogram.tuples
+    columns = [q.column for q in spec.roles.k_quasi]
+    pieces = len(plan.pieces)
     _each("distribute", [
-        distribute_task.submit(piece.index, offset, scratch, tuples, classes.class_of_tuple, targets)
+        distribute_task.submit(piece.index, offset, scratch, columns, pieces)
         for piece, offset in zip(plan.pieces, table.offsets)
     ])
-    scratch.remove("classified")  # a stage's inputs go once all its partitions are done (retries read them)
+    for name in ("classified", "shard", "shard-classes", "targets"):  # once all its partitions are done
+        scratch.remove(name)
 
 
-def _pre_epsilon(verdicts: Verdicts, spec, store: str, key: str, table, classes, plan, scratch: Scratch) -> dict:
+def _pre_epsilon(verdicts: Verdicts, spec, store: str, key: str, table, sharded: ShardedClasses, plan, scratch: Scratch) -> dict:
     """The shared checks before ε (``tasks/preflight.pre_epsilon_checks``), the prediction added up over the
     class partitions (each predicted on the cluster from throw-away noise). Returns the private summary."""
     import secrets
 
     from kepsilon.engine.predict import Prediction, draws_for
 
-    kept = classes.class_of_tuple >= 0
-    rows_kept = int(table.histogram.weights[kept].sum())
+    rows_kept = sharded.rows_kept
     draws = draws_for(rows_kept)
     pieces = len(plan.pieces)
 
@@ -374,7 +395,7 @@ def _pre_epsilon(verdicts: Verdicts, spec, store: str, key: str, table, classes,
 
     return pre_epsilon_checks(
         verdicts, spec, store=store, key=key, rows_in=table.rows, rows_kept=rows_kept,
-        certain_share=certain_linking_share(table.histogram, classes.class_of_tuple, spec), predict=predicted,
+        certain_share=sharded.certain_share, predict=predicted,
     )
 
 
@@ -413,7 +434,7 @@ def _on_this_machine(address: str) -> bool:
         return False
 
 
-def _each(name: str, futures: list) -> list:
+def _each(name: str, futures: list, counted: bool = True) -> list:
     """Wait for a stage's tasks, one progress step per partition; the results in partition order.
 
     A failed partition does not stop the others from finishing (their scratch files stay consistent);
@@ -422,7 +443,7 @@ def _each(name: str, futures: list) -> list:
     """
     results, failures = [None] * len(futures), {}
     position = {id(future): number for number, future in enumerate(futures)}
-    with stage(name, len(futures)) as progress:
+    with stage(name, len(futures), counted) as progress:
         for future in as_completed(futures):
             number = position[id(future)]
             try:

@@ -232,7 +232,7 @@ def _group_sizes(sizes: np.ndarray, k: int, size: _Size) -> bytes:
     axes.hist(sizes, bins=bins, color="tab:blue", edgecolor="white")
     axes.axvline(k, color="tab:red", linestyle="--", linewidth=1, label=f"k = {k}")
     axes.set(xscale="log", xlabel="records in the group", ylabel="groups", title=f"{len(sizes)} published groups")
-    axes.legend(fontsize=8)
+    axes.legend(fontsize=8, loc="upper right")  # a fixed place: "best" searches every bar, slow over many groups
     return _png(figure, size)
 
 
@@ -281,7 +281,7 @@ def error_by_group_figure(predicted: np.ndarray, measured: np.ndarray, size: _Si
         low = min(np.min(predicted[shown]), np.min(measured[shown]))
         high = max(np.max(predicted[shown]), np.max(measured[shown]))
         axes.plot([low, high], [low, high], color="grey", linestyle="--", linewidth=1, label="measured = predicted")
-        axes.legend(fontsize=8)
+        axes.legend(fontsize=8, loc="upper left")  # a fixed place: "best" tests every point, slow over many groups
     axes.set(xscale="log", yscale="log", xlabel="predicted relative error", ylabel="measured relative error",
              title=f"Per group ({groups} groups with noise)")
     _percent_log_axis(axes.xaxis, low, high)

@@ -4,12 +4,14 @@
 
 A. **intake** (per piece of the source, ``tasks/sources.py``): read the piece, classify it with
    ``classify_findings`` (counts of everything ``classify`` refuses), count its histogram of distinct
-   k-quasi tuples (``kepsilon.engine.histogram``); the classified records go to the scratch folder.
-   The flow adds the counts up and refuses what the in-memory path refuses; the histograms add up to
-   the whole table's, on which Mondrian or OLA decide the class of every tuple (one task).
-B. **distribute** (per piece): each record gets its tuple's class (a join on the k-quasi values) and
-   goes to the class partition of its class: a class partition holds whole classes, in ranges of
-   class ids of about equal record counts.
+   k-quasi tuples (``kepsilon.engine.histogram``); the classified records go to the scratch folder, and
+   so does the histogram, split by a hash of the tuple into one partial per bucket. The flow adds the
+   counts up and refuses what the in-memory path refuses. The partials are then merged into shards and
+   anonymised on the cluster (``tasks/shards.py``: Mondrian distributed, OLA in one task), so no
+   histogram ever reaches the flow's process.
+B. **distribute** (per piece): each record gets its tuple's class (a join on the k-quasi values with
+   the shard of its bucket, one shard at a time) and goes to the class partition of its class: a class
+   partition holds whole classes, in ranges of class ids of about equal record counts.
 C. **perturb and suppress** (per class partition): the engine's own functions on whole classes — noise
    keyed by (seed, source position, column), confidence suppression, labels from the published
    members — then the candidate records go to the range of their release-order key (the 64-bit key of
@@ -47,7 +49,7 @@ from prefect.cache_policies import NO_CACHE
 from kepsilon.engine.anonymise import AnonymisedTuples, histogram_of, k_anonymise_histogram
 from kepsilon.engine.assemble import merge_release_columns
 from kepsilon.engine.criteria import MISSING, declared, domain_codes, group_value_counts
-from kepsilon.engine.histogram import TupleHistogram, merge_histograms
+from kepsilon.engine.histogram import TupleHistogram, _add_counts
 from kepsilon.engine.metrics import errors_by_class, expected_relative_errors, linked_records
 from kepsilon.engine.partition import published_labels
 from kepsilon.engine.perturb import perturb, source_positions
@@ -81,21 +83,24 @@ DATA_CSV = "data.csv"
 
 @dataclass
 class Intake:
-    """What a piece of the source tells the flow: counts only (its records went to the scratch)."""
+    """What a piece of the source tells the flow: counts only (its records and its histogram went to the scratch)."""
 
     index: int
     rows: int
     findings: Findings
     short: list  # file line numbers of records with fewer fields than the header (CSV)
-    histogram: TupleHistogram | None  # None when its ε-quasis could not be read as numbers (refused anyway)
+    values: dict | None  # per sensitive column, records per value; None when its ε-quasis could not be read as numbers
 
 
 def intake(plan: SourcePlan, piece: Piece, spec: ReleaseSpec, scratch: Scratch) -> Intake:
-    """Stage A on one piece: read, classify (counting), histogram; classified records to the scratch.
+    """Stage A on one piece: read, classify (counting), histogram; classified records and the histogram,
+    split into one partial per bucket of tuple hashes (``tasks/shards.py``), to the scratch.
 
-    The histogram's first positions are the piece's own (from 0): the flow shifts them by the piece's
+    The histogram's first positions are the piece's own (from 0): the merge shifts them by the piece's
     offset once every piece's length is known.
     """
+    from .shards import write_partials
+
     frame, short = read_piece(plan, piece, spec.source)
     classified, findings = classify_findings(frame, spec, exact=False)
     area = scratch
@@ -103,12 +108,15 @@ def intake(plan: SourcePlan, piece: Piece, spec: ReleaseSpec, scratch: Scratch) 
         # Distinct values' hashes stay in the scratch; the flow counts their union only when needed.
         area.write(evidence.hashes, "hashes", number, piece.index)
         evidence.distinct, evidence.hashes = len(evidence.hashes), None
-    histogram = None
+    values = None
     if all(pd.api.types.is_float_dtype(classified[q.column].dtype) for q in spec.roles.e_quasi):
         histogram = histogram_of(classified, spec, extremes=True)
         histogram.of_record = None
+        columns = [q.column for q in spec.roles.k_quasi]
+        write_partials(area, histogram, columns, len(plan.pieces), piece.index)
+        values = histogram.values
         area.write(classified, "classified", piece.index)
-    return Intake(piece.index, len(frame), findings, short, histogram)
+    return Intake(piece.index, len(frame), findings, short, values)
 
 
 def distinct_count(scratch: Scratch, column_number: int, pieces: int) -> int:
@@ -122,12 +130,13 @@ def distinct_count(scratch: Scratch, column_number: int, pieces: int) -> int:
 
 @dataclass
 class TableIntake:
-    """The whole table's intake: its histogram (positions in the source), rows and pieces' offsets."""
+    """The whole table's intake: rows, the pieces' offsets, the findings and the sensitive value counts
+    (the histogram itself stays in the scratch, in partials by bucket: ``tasks/shards.py``)."""
 
-    histogram: TupleHistogram
     rows: int
     offsets: list[int]
     findings: Findings
+    values: dict
 
 
 def combine_intakes(intakes: list[Intake], spec: ReleaseSpec, distinct_counter) -> TableIntake:
@@ -154,10 +163,8 @@ def combine_intakes(intakes: list[Intake], spec: ReleaseSpec, distinct_counter) 
             evidence.distinct = distinct_counter(number)
     refuse_findings(findings, spec)
     offsets = np.cumsum([0] + [item.rows for item in intakes])[:-1].tolist()
-    for item, offset in zip(intakes, offsets):
-        item.histogram.first = item.histogram.first + offset
-    histogram = merge_histograms([item.histogram for item in intakes], [q.column for q in spec.roles.k_quasi])
-    return TableIntake(histogram, rows, offsets, findings)
+    values = {column: _add_counts([item.values[column] for item in intakes]) for column in intakes[0].values}
+    return TableIntake(rows, offsets, findings, values)
 
 
 # --------------------------------------------------------------------------- anonymise
@@ -209,21 +216,29 @@ def class_targets(histogram: TupleHistogram, class_of_tuple: np.ndarray, parts: 
 # --------------------------------------------------------------------------- B. distribute
 
 
-def distribute(
-    index: int, offset: int, scratch: Scratch, tuples: pd.DataFrame, class_of_tuple: np.ndarray, target_of_class: np.ndarray
-) -> int:
-    """Stage B on one piece: each record's class (its tuple's), then its records to their class partitions.
+def distribute(index: int, offset: int, scratch: Scratch, columns: list[str], buckets: int) -> int:
+    """Stage B on one piece: each record's class (its tuple's, from the shard of its bucket), then its
+    records to their class partitions (``targets``: the class partition of every class).
 
     The records' index becomes their source position (the piece's offset plus their place in it); the
-    anonymiser's suppressed records (class -1, OLA) go nowhere. Returns the records kept.
+    anonymiser's suppressed records (class -1, OLA) go nowhere. Returns the records kept. One shard's
+    tuples are in memory at a time.
     """
+    from .shards import tuple_buckets
+
     area = scratch
     frame = area.read("classified", index)
-    columns = list(tuples.columns)
-    tuple_of_record = pd.MultiIndex.from_frame(tuples).get_indexer(pd.MultiIndex.from_frame(frame[columns]))
-    if (tuple_of_record < 0).any():  # every record's tuple is in the histogram it was counted into
-        raise RuntimeError("a record's k-quasi tuple is missing from the table's histogram")
-    class_ids = class_of_tuple[tuple_of_record]
+    bucket = tuple_buckets(frame, columns, buckets)
+    class_ids = np.full(len(frame), -1, dtype=np.int64)
+    for number in np.unique(bucket):
+        tuples, class_of_tuple = area.read("shard-classes", int(number))
+        mine = np.flatnonzero(bucket == number)
+        tuple_of_record = pd.MultiIndex.from_frame(tuples[columns]).get_indexer(
+            pd.MultiIndex.from_frame(frame[columns].iloc[mine]))
+        if (tuple_of_record < 0).any():  # every record's tuple is in the shard it was counted into
+            raise RuntimeError("a record's k-quasi tuple is missing from the table's histogram")
+        class_ids[mine] = class_of_tuple[tuple_of_record]
+    target_of_class = area.read("targets")
     kept = class_ids >= 0
     frame = frame[kept]
     class_ids = class_ids[kept]
@@ -715,16 +730,17 @@ def distinct_count_task(scratch: Scratch, column_number: int, pieces: int) -> in
     return distinct_count(scratch, column_number, pieces)
 
 
-@task(name="k-anonymise", cache_policy=NO_CACHE, persist_result=False)
-def anonymise_task(histogram: TupleHistogram, spec: ReleaseSpec) -> AnonymisedTuples:
-    """Prefect task: Mondrian or OLA on the whole table's histogram."""
-    return anonymise(histogram, spec)
-
-
 @task(name="distribute", cache_policy=NO_CACHE, persist_result=False, **PARTITION_RETRIES)
-def distribute_task(index: int, offset: int, scratch: Scratch, tuples, class_of_tuple, target_of_class) -> int:
+def distribute_task(index: int, offset: int, scratch: Scratch, columns: list[str], buckets: int) -> int:
     """Prefect task: stage B on one piece."""
-    return _partition_task(distribute)(index, offset, scratch, tuples, class_of_tuple, target_of_class)
+    return _partition_task(distribute)(index, offset, scratch, columns, buckets)
+
+
+@task(name="shard-step", cache_policy=NO_CACHE, persist_result=False, **PARTITION_RETRIES)
+def shard_step_task(function, *arguments):
+    """Prefect task: one step of the histogram's shards (``tasks/shards.py``: merge, cut statistics, route,
+    sub-tree, numbering, collection, report, OLA), its inputs names in the scratch."""
+    return _partition_task(function)(*arguments)
 
 
 @task(name="predict", cache_policy=NO_CACHE, persist_result=False, **PARTITION_RETRIES)

@@ -106,22 +106,24 @@ def release_progress(steps: int, description: str) -> Iterator[ReleaseProgress]:
 class StageProgress:
     """One stage's progress: ``advance`` after each partition done."""
 
-    def __init__(self, name: str, total: int):
+    def __init__(self, name: str, total: int, counted: bool = True):
         self.name, self.total, self.done = name, int(total), 0
+        self.counted = counted  # whether its steps are steps of the release's progress artifact
         self.started = time.monotonic()
 
     def advance(self, count: int = 1) -> None:
         self.done += count
         for listener in list(_listeners):
             listener.stage_advanced(self.name, self.done, self.total)
-        for release in _current:
+        for release in _current if self.counted else ():
             release.step(count, f"{self.name} {self.done}/{self.total}")
 
 
 @contextlib.contextmanager
-def stage(name: str, total: int) -> Iterator[StageProgress]:
-    """Report a stage of ``total`` steps (partitions) to the log, the artifact and the listeners."""
-    progress = StageProgress(name, total)
+def stage(name: str, total: int, counted: bool = True) -> Iterator[StageProgress]:
+    """Report a stage of ``total`` steps (partitions) to the log, the artifact and the listeners
+    (``counted``: False for a stage whose steps the release's step count does not include)."""
+    progress = StageProgress(name, total, counted)
     logger = _logger()
     logger.info("%s: %d partition(s)", name, total)
     for listener in list(_listeners):

@@ -33,8 +33,6 @@ from kepsilon.tasks.partitioned import (
     GroupCoder,
     GroupCounts,
     Scratch,
-    anonymise,
-    class_targets,
     combine_intakes,
     combine_outcome,
     distinct_count,
@@ -46,6 +44,7 @@ from kepsilon.tasks.partitioned import (
     publish_part,
 )
 from kepsilon.tasks.publish import csv_bytes, csv_header, parquet_bytes
+from kepsilon.tasks.shards import anonymise_shards, merge_shard
 from kepsilon.tasks.sources import plan_source
 
 from .conftest import SYNTHETIC, release_spec_dict
@@ -111,6 +110,21 @@ def as_published(frame: pd.DataFrame) -> pd.DataFrame:
 # --------------------------------------------------------------------------- the stages, in this process
 
 
+def in_process(name, function, arguments):
+    """``tasks/shards.py``'s ``each`` run here, one call after the other."""
+    return [function(*a) for a in arguments]
+
+
+def anonymise_in_shards(spec: ReleaseSpec, plan, table, root: Scratch, max_tuples: int = 300):
+    """The flow's merge of the partials into shards and the anonymiser on them (small leaves: the
+    distributed top of Mondrian's tree does cut)."""
+    columns = [q.column for q in spec.roles.k_quasi]
+    summaries = [merge_shard(root, b, table.offsets, columns) for b in range(len(plan.pieces))]
+    sharded = anonymise_shards(spec, root, summaries, table.values, in_process, max_tuples=max_tuples)
+    anonymised = sharded.anonymised()
+    return anonymised, anonymised.classes
+
+
 def run_stages(spec: ReleaseSpec, seed: bytes, partitions: int, folder: Path):
     """The partitioned path's stages one after the other, as the flow orders them (no Prefect, no Dask)."""
     root = Scratch.new(folder / "scratch")
@@ -118,11 +132,10 @@ def run_stages(spec: ReleaseSpec, seed: bytes, partitions: int, folder: Path):
     pieces = len(plan.pieces)
     intakes = [intake(plan, piece, spec, root) for piece in plan.pieces]
     table = combine_intakes(intakes, spec, lambda number: distinct_count(root, number, pieces))
-    anonymised = anonymise(table.histogram, spec)
-    classes = anonymised.classes
-    targets = class_targets(table.histogram, classes.class_of_tuple, pieces)
+    anonymised, classes = anonymise_in_shards(spec, plan, table, root)
+    columns = [q.column for q in spec.roles.k_quasi]
     for piece, offset in zip(plan.pieces, table.offsets):
-        distribute(piece.index, offset, root, table.histogram.tuples, classes.class_of_tuple, targets)
+        distribute(piece.index, offset, root, columns, pieces)
     coder = GroupCoder.build(spec, anonymised.hierarchies, anonymised.criteria)
     parts = [
         perturb_and_suppress(j, pieces, root, spec, RecordStreams(seed), anonymised.hierarchies, classes.levels, coder, pieces)
@@ -170,10 +183,9 @@ def test_the_class_partitions_predict_what_the_in_memory_path_predicts(sources, 
     pieces = len(plan.pieces)
     table = combine_intakes([intake(plan, piece, spec, root) for piece in plan.pieces], spec,
                             lambda number: distinct_count(root, number, pieces))
-    classes = anonymise(table.histogram, spec).classes
-    targets = class_targets(table.histogram, classes.class_of_tuple, pieces)
+    anonymise_in_shards(spec, plan, table, root)
     for piece, offset in zip(plan.pieces, table.offsets):
-        distribute(piece.index, offset, root, table.histogram.tuples, classes.class_of_tuple, targets)
+        distribute(piece.index, offset, root, [q.column for q in spec.roles.k_quasi], pieces)
     whole = Prediction(draws=8, published=np.zeros(8))
     for index in range(pieces):
         whole = whole.add(predict_partition(index, pieces, root, spec, 8, index))
@@ -439,3 +451,60 @@ def test_a_scheduler_address_nothing_answers_at_is_refused_by_name():
         listening.bind(("127.0.0.1", 0))
         listening.listen()
         check_scheduler_reachable(f"tcp://127.0.0.1:{listening.getsockname()[1]}")
+
+
+@pytest.mark.flow
+@pytest.mark.usefixtures("prefect_harness")
+def test_a_fine_grained_release_ships_no_large_graph_and_the_flow_never_builds_the_histogram(
+    clusters, tmp_path, monkeypatch
+):
+    """Fine-grained k-quasis (a 5-digit ZIP: a distinct tuple for nearly every record) on 3 partitions:
+    the histogram pickles to several MB, yet no task's graph comes near 1 MB (distributed's "Sending
+    large graph" warning, its threshold lowered to 1 MB), and the flow's process never counts or merges
+    a histogram (the engine's histogram functions, spied on in this process, are never called: the
+    workers, other processes, do it)."""
+    import pickle
+    import warnings
+
+    import dask
+
+    import kepsilon.engine.anonymise as anonymise_module
+    import kepsilon.engine.histogram as histogram_module
+    import kepsilon.tasks.shards as shards_module
+    from kepsilon.engine.anonymise import histogram_of
+    from kepsilon.flows.release import governed_release
+
+    from .conftest import capped_store
+
+    capped_store(tmp_path, monkeypatch, "test-population")
+    private_temporary_folder(tmp_path, monkeypatch)
+    data = release_spec_dict(
+        "paper-synthetic", release_id="dask-fine", population_id="test-population", output_dir=str(tmp_path / "out"),
+        source={"path": str(SYNTHETIC / "people.csv"), "delimiter": ";"}, k=3, max_linking_risk=1.0,
+        execution={"engine": "dask", "scheduler": clusters[2].scheduler_address, "partitions": 3},
+    )
+    data["roles"]["k_quasi"].insert(0, {"column": "ZIP", "hierarchy": {"kind": "masking", "length": 5}})
+    data["roles"]["explicit"].remove("ZIP")
+    spec = ReleaseSpec.model_validate(data)
+    histogram = histogram_of(classify(read_source(spec.source).frame, spec).frame, spec, extremes=True)
+    assert len(histogram) > 20_000 and len(pickle.dumps(histogram)) > 2_000_000  # what the old graph carried
+
+    calls = []
+
+    def spy(function):
+        def called(*args, **kwargs):
+            calls.append(function.__name__)
+            return function(*args, **kwargs)
+        return called
+
+    for module, name in [(histogram_module, "tuple_histogram"), (histogram_module, "merge_histograms"),
+                         (anonymise_module, "tuple_histogram"), (shards_module, "merge_histograms")]:
+        monkeypatch.setattr(module, name, spy(getattr(module, name)))
+    with warnings.catch_warnings(record=True) as caught, dask.config.set(
+        {"distributed.admin.large-graph-warning-threshold": "1MB"}
+    ):
+        warnings.simplefilter("always")
+        record = governed_release(spec)
+    assert record["rows_published"] > 0
+    assert [str(w.message) for w in caught if "large graph" in str(w.message)] == []
+    assert calls == []

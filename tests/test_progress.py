@@ -56,3 +56,24 @@ def test_the_command_line_draws_a_bar_per_stage_and_nothing_without_stages():
     bars.close()
     shown = output.getvalue()
     assert "intake" in shown and "distribute" in shown and shown.count("4/4 partitions") == 2
+
+
+def test_an_uncounted_stage_is_told_to_listeners_but_does_not_move_the_releases_progress():
+    """The shard steps of the Dask engine (how many depends on the cut tree's depth) are stages of their
+    own, outside the release's counted steps: the release's share done moves only with counted stages."""
+    from kepsilon.tasks.progress import release_progress
+
+    recorder = Recorder()
+    add_listener(recorder)
+    try:
+        with release_progress(4, "release r") as release:
+            with stage("cut-statistics", 3, counted=False) as progress:
+                for _ in range(3):
+                    progress.advance()
+            assert release.done == 0
+            with stage("distribute", 2) as progress:
+                progress.advance(2)
+            assert release.done == 2
+    finally:
+        remove_listener(recorder)
+    assert ("advanced", "cut-statistics", 3, 3) in recorder.events

@@ -195,3 +195,42 @@ def pair_codes(histogram: TupleHistogram, criterion) -> tuple[np.ndarray, np.nda
             criterion.column, f"{int(records[codes < 0].sum())} value(s) are outside the sensitive column's domain"
         )
     return pairs[TUPLE].to_numpy(dtype=np.int64), codes.astype(np.int64), records
+
+
+def take_tuples(histogram: TupleHistogram, positions: np.ndarray) -> TupleHistogram:
+    """The histogram of some of its tuples (``positions``, in the order given): counts, first positions,
+    extremes and pairs of those tuples, renumbered. Value counts are not kept (they are the whole table's)."""
+    positions = np.asarray(positions, dtype=np.int64)
+    renumber = np.full(len(histogram), -1, dtype=np.int64)
+    renumber[positions] = np.arange(len(positions))
+    taken = TupleHistogram(
+        tuples=histogram.tuples.iloc[positions].reset_index(drop=True),
+        weights=histogram.weights[positions],
+        first=histogram.first[positions],
+    )
+    for column, pairs in histogram.pairs.items():
+        new = renumber[pairs[TUPLE].to_numpy(dtype=np.int64)]
+        kept = pairs[new >= 0].assign(**{TUPLE: new[new >= 0]})
+        taken.pairs[column] = kept.reset_index(drop=True)
+    for column, (low, high) in histogram.extremes.items():
+        taken.extremes[column] = (low[positions], high[positions])
+    return taken
+
+
+def concat_disjoint(parts: list[TupleHistogram]) -> TupleHistogram:
+    """The histogram of tables with no tuple in common, their tuples one part after the other (not in order
+    of first occurrence: for a consumer that does not depend on the order, such as Mondrian's recursion)."""
+    offsets = np.cumsum([0] + [len(part) for part in parts])
+    joined = TupleHistogram(
+        tuples=pd.concat([part.tuples for part in parts], ignore_index=True),
+        weights=np.concatenate([part.weights for part in parts]),
+        first=np.concatenate([part.first for part in parts]),
+    )
+    for column in parts[0].pairs:
+        joined.pairs[column] = pd.concat(
+            [part.pairs[column].assign(**{TUPLE: part.pairs[column][TUPLE].to_numpy(dtype=np.int64) + offset})
+             for part, offset in zip(parts, offsets)], ignore_index=True)
+    for column in parts[0].extremes:
+        joined.extremes[column] = (np.concatenate([part.extremes[column][0] for part in parts]),
+                                   np.concatenate([part.extremes[column][1] for part in parts]))
+    return joined
