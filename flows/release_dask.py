@@ -54,6 +54,13 @@ from kepsilon.flows.release import (
 )
 from kepsilon.flows.report import guarantee_statement, publish_report_artifacts
 from kepsilon.flows.spec import ReleaseSpec
+from kepsilon.tasks.certificate import write_release_certificate
+from kepsilon.tasks.certificate_dask import (
+    PART_SKETCH,
+    SOURCE_SKETCH,
+    dask_certificate_task,
+    refuse_risk_over_limits_on_histogram,
+)
 from kepsilon.tasks.classify import check_roles
 from kepsilon.tasks.errors import SpecError, ValidationFailed
 from kepsilon.tasks.figures import private_report_dir
@@ -310,7 +317,11 @@ def _release(spec, plan, key, operator, store, started_at, figures_dir, output_d
     record["anonymiser"] = classes.report
     record["hierarchies"] = classes.report.get("hierarchies", {})
     _distribute(plan, table, classes, scratch)
-    record["pre_epsilon"] = _pre_epsilon(Verdicts(), spec, store, key, table, classes, plan, scratch)
+    verdicts = Verdicts()
+    record["pre_epsilon"] = _pre_epsilon(verdicts, spec, store, key, table, classes, plan, scratch)
+    # The certificate's optional gates (max_journalist_risk, max_marketer_risk) on the anonymiser's groups.
+    verdicts.attempt("journalist and marketer risk", refuse_risk_over_limits_on_histogram, table.histogram, classes,
+                     anonymised.hierarchies, spec)
     coder = GroupCoder.build(spec, anonymised.hierarchies, anonymised.criteria)
 
     record["approval"] = check_approval(spec, operator, store, record)
@@ -335,6 +346,7 @@ def _release(spec, plan, key, operator, store, started_at, figures_dir, output_d
     _move_into_place(spec.release_id, publication)
     publish_report_artifacts(record)
     _release_figures(spec, figure_inputs, figures_dir)
+    write_release_certificate(record, store, figures_dir)  # docs/certificate.md
     logger.info("release %s published: %d records", spec.release_id, record["rows_published"])
     return record
 
@@ -486,6 +498,13 @@ def _spend_check_stage(spec, key, plan, table, anonymised, coder, reservation, s
     record["groups"] = groups_from_sizes(written.sizes, record["rows_in"])
     record["columns"] = published_columns(meta, spec.roles.names())
     record["disclosure"] = disclosure_figures(written.sizes, written.matrices(criteria), criteria)
+    # Private: the officer's certificate's figures, by reduction over the partitions (tasks/certificate_dask.py).
+    record["certificate"] = dask_certificate_task.submit(
+        spec, root, pieces, pieces, table.histogram, classes, anonymised.hierarchies, written, coder,
+        record["rows_in"] - int(written.sizes.sum()),
+    ).result()
+    scratch.remove(SOURCE_SKETCH)
+    scratch.remove(PART_SKETCH)
     validation = _gate(spec, record, written, coder, criteria, [part.checks for part in published])
     record["checks"] = validation.checks
     if not validation.success:
