@@ -13,7 +13,6 @@ import os
 import subprocess
 from pathlib import Path
 
-import numpy as np
 import pandas as pd
 import pyarrow.parquet as pq
 import pytest
@@ -189,6 +188,7 @@ def test_a_dask_release_writes_a_certificate_with_its_figures_that_verifies(clus
     path = tmp_path / "reports" / "cert-test" / "certificate.html"
     text = path.read_text(encoding="utf-8")
     assert "Not computed" not in text and "Classifier utility" in text
+    assert store.execute("SELECT entry_hash FROM chain WHERE table_name = 'releases'").fetchone()[0] in text
     assert _verify("cert-test", path).returncode == 0
     changed = bytearray(path.read_bytes())
     changed[changed.index(b"records were")] = ord("R")
