@@ -167,6 +167,7 @@ def cluster():
 
 
 @pytest.mark.flow
+@pytest.mark.heavy  # a whole release on a local cluster: about 100 s on the shared 2-core machine
 @pytest.mark.usefixtures("prefect_harness")
 def test_a_dask_release_writes_a_certificate_with_its_figures_that_verifies(cluster, tmp_path, monkeypatch):
     from kepsilon.flows.release import governed_release
