@@ -76,6 +76,7 @@ def _add_counts(parts: list[pd.Series]) -> pd.Series:
 def source_sketch(classified: pd.DataFrame, spec) -> dict:
     """Stage A: one source piece's counts — values of the columns released as read, ε-quasis on the
     published grid, and its sampling weights' total."""
+    begun = time.perf_counter()
     grids = _grids(spec)
     sketch = {
         "as_read": {column: _value_counts(classified[column]) for column in _as_read_columns(spec)},
@@ -85,6 +86,7 @@ def source_sketch(classified: pd.DataFrame, spec) -> dict:
     weight = spec.population.weight_column if spec.population is not None else None
     if weight is not None:
         sketch["weight_total"] = float(pd.to_numeric(classified[weight], errors="coerce").sum())
+    sketch["seconds"] = time.perf_counter() - begun
     return sketch
 
 
@@ -97,6 +99,7 @@ def source_columns(spec) -> list[str]:
 def part_sketch(frame: pd.DataFrame, source: pd.DataFrame, keys: np.ndarray, spec) -> dict:
     """Stage D: one published part's counts. ``frame``: its released records in the published order;
     ``source``: the same records' source k-quasi and ε-quasi values; ``keys``: their group keys."""
+    begun = time.perf_counter()
     names = spec.roles.names()
     e_quasi = names["e_quasi"]
     sample_source = frame.iloc[:SAMPLE_ROWS].copy()  # the released columns, with the source's values where they differ
@@ -121,6 +124,7 @@ def part_sketch(frame: pd.DataFrame, source: pd.DataFrame, keys: np.ndarray, spe
     if weight is not None:
         weights = pd.to_numeric((source if weight in source.columns else frame)[weight], errors="coerce").to_numpy(dtype=np.float64)
         sketch["weight_sums"] = pd.Series(weights).groupby(np.asarray(keys, dtype=np.int64)).sum()
+    sketch["seconds"] = time.perf_counter() - begun
     return sketch
 
 
@@ -178,6 +182,8 @@ def dask_certificate_figures(spec, scratch, source_pieces: int, parts: int, hist
     figures["utility"] = timed("utility", lambda: _utility(spec, hierarchies, sources, sketches, written, suppressed))
     figures["seconds"] = round(time.perf_counter() - started, 3)
     figures["seconds_by_part"] = timings
+    # What the partitions spent on the sketches, added up over them (they run in parallel on the workers).
+    figures["seconds_in_partitions"] = round(sum(s.get("seconds", 0.0) for s in [*sources, *sketches]), 3)
     return figures
 
 
