@@ -70,7 +70,9 @@ def main() -> None:
     try:
         env = {**os.environ, "PREFECT_HOME": str(folder / "prefect"), "KEPSILON_AUDIT_DB": str(folder / "audit.db"),
                "KEPSILON_SEED_KEY_FILE": str(folder / "seed.key"), "KEPSILON_REPORTS_DIR": str(folder / "reports"),
-               "KEPSILON_DEFAULT_CAP": "10"}
+               "KEPSILON_DEFAULT_CAP": "10",
+               # A loaded machine starts the local Prefect server slowly.
+               "PREFECT_SERVER_EPHEMERAL_STARTUP_TIMEOUT_SECONDS": os.environ.get("PREFECT_SERVER_EPHEMERAL_STARTUP_TIMEOUT_SECONDS", "300")}
         env.pop("PREFECT_API_URL", None)
         step("the demo release", [KEPSILON, "release", str(demo_spec(folder))], env, 0)
         html = folder / "reports" / "paper-synthetic-demo" / "certificate.html"
