@@ -382,8 +382,7 @@ def _budget(budget: dict | None, record: dict) -> str:
             + _figure(draw, "ε in use by the population before and with this release"))
 
 
-_NO_FIGURES = ("the record holds no certificate figures: the Dask engine and the DP mode do not compute them yet, "
-               "nor did releases recorded before this version")
+_NO_FIGURES = "the record holds no certificate figures: it was recorded before kepsilon computed them"
 
 _GATE_FIGURES = {
     "k_anonymous_groups": (("groups", "smallest"), ("k",)),
