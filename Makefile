@@ -12,7 +12,7 @@ export PREFECT_SERVER_EPHEMERAL_STARTUP_TIMEOUT_SECONDS := 120
 export GX_ANALYTICS_ENABLED := false
 export DO_NOT_TRACK := 1
 
-.PHONY: install demo test test-heavy bench bench-scale disclosure-cost dp-adult serve deployment-check audit-ui audit-ui-check clean reliability paper
+.PHONY: install demo test test-heavy bench bench-scale certificate-cost certificate-demo disclosure-cost dp-adult serve deployment-check audit-ui audit-ui-check clean reliability paper
 
 install: $(VENV)/.installed
 
@@ -47,6 +47,16 @@ bench: install
 ## (benchmarks/scale-results.json); about 8 minutes
 bench-scale: install
 	$(BIN)/python -m benchmarks.scale --series
+
+## certificate-cost: what the officer's certificate costs a release, on UCI Adult (memory engine) and on
+## 10M rows (dask engine, 2 workers): benchmarks/certificate-cost.json and a markdown table; about 10 minutes
+certificate-cost: install
+	$(BIN)/python -m benchmarks.certificate_cost
+
+## certificate-demo: the demo release's certificate verified, refused after one changed byte, printed to PDF,
+## and screenshotted in headless Chromium into docs/certificate-demo.png (needs Debian's chromium)
+certificate-demo: install
+	$(BIN)/python scripts/certificate_demo.py
 
 ## disclosure-cost: what ℓ = 2 and t = 0.2 on salary-class cost on UCI Adult (markdown table)
 disclosure-cost: install

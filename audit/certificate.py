@@ -161,6 +161,49 @@ def write_certificate(store: str | Path, release_id: str, folder: Path | None = 
     return path
 
 
+PDF_NAME = "certificate.pdf"
+CHROMIUM_NAMES = ("chromium", "chromium-browser", "google-chrome")
+# Headless, offline, nothing kept: the document is self-contained (figures as data URIs), so the browser
+# needs no network at all, and a fresh profile in a private temporary folder is removed afterwards.
+CHROMIUM_FLAGS = ("--headless", "--no-sandbox", "--disable-gpu", "--disable-quic", "--no-first-run",
+                  "--disable-background-networking", "--disable-component-update", "--disable-sync",
+                  "--no-pdf-header-footer", "--disable-extensions")
+
+
+def print_pdf(html_path: Path, timeout: float = 180.0) -> Path:
+    """Print the certificate ``html_path`` to ``certificate.pdf`` beside it with headless Chromium.
+
+    The PDF is a print of the HTML, for filing: it is not checked by ``--verify`` (Chromium stamps it
+    with the time of printing, so its bytes differ from one print to the next); the HTML is the
+    document that verifies. Written 0600 under a temporary name in the same private folder, then
+    renamed. Raises ``CertificateError`` (one line) when no Chromium is installed or it fails.
+    """
+    import shutil
+    import subprocess
+    import tempfile
+
+    browser = next((found for name in CHROMIUM_NAMES if (found := shutil.which(name))), None)
+    if browser is None:
+        raise CertificateError("a PDF needs Chromium (chromium on the PATH); the HTML certificate is written and "
+                               "prints to PDF from any browser")
+    html_path = Path(html_path).resolve()
+    folder = html_path.parent
+    path = folder / PDF_NAME
+    with tempfile.TemporaryDirectory(prefix=".kepsilon-pdf-", dir=folder) as scratch:  # 0700, inside the private folder
+        temporary = Path(scratch) / PDF_NAME
+        command = [browser, *CHROMIUM_FLAGS, f"--user-data-dir={Path(scratch) / 'profile'}",
+                   f"--print-to-pdf={temporary}", html_path.as_uri()]
+        try:
+            subprocess.run(command, capture_output=True, timeout=timeout, check=False, env={**os.environ, "HOME": scratch})
+        except subprocess.TimeoutExpired:
+            raise CertificateError(f"Chromium did not print the certificate within {timeout:.0f} s") from None
+        if not temporary.exists() or not temporary.read_bytes().startswith(b"%PDF-"):
+            raise CertificateError("Chromium did not print the certificate to PDF (run it by hand to see why)")
+        os.chmod(temporary, 0o600)
+        os.replace(temporary, path)
+    return path
+
+
 @dataclass(frozen=True)
 class Verification:
     ok: bool
@@ -340,8 +383,7 @@ def _budget(budget: dict | None, record: dict) -> str:
             + _figure(draw, "ε in use by the population before and with this release"))
 
 
-_NO_FIGURES = ("the record holds no certificate figures: the Dask engine and the DP mode do not compute them yet, "
-               "nor did releases recorded before this version")
+_NO_FIGURES = "the record holds no certificate figures: it was recorded before kepsilon computed them"
 
 _GATE_FIGURES = {
     "k_anonymous_groups": (("groups", "smallest"), ("k",)),

@@ -475,16 +475,20 @@ def certificate(
     ctx: typer.Context,
     release: str,
     verify: Annotated[Path | None, typer.Option("--verify", help="check this certificate file against the store")] = None,
+    pdf: Annotated[bool, typer.Option("--pdf", help="also print it to certificate.pdf beside it (headless Chromium)")] = False,
 ) -> None:
     """The officer's certificate of RELEASE: write it (private report folder), or --verify FILE against the store."""
-    from .certificate import verify_certificate, write_certificate
+    from .certificate import print_pdf, verify_certificate, write_certificate
 
     path = _path(ctx)
     with _store(ctx):  # refuses a store whose chain does not verify
         pass
     try:
         if verify is None:
-            typer.echo(f"certificate of {release}: {write_certificate(path, release)}")
+            written = write_certificate(path, release)
+            typer.echo(f"certificate of {release}: {written}")
+            if pdf:
+                typer.echo(f"printed to PDF (for filing; the HTML is what --verify checks): {print_pdf(written)}")
             return
         outcome = verify_certificate(path, release, verify)
     except KepsilonError as error:

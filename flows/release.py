@@ -36,7 +36,12 @@ from kepsilon.flows.manifest import base_manifest, idempotency_key, public_manif
 from kepsilon.flows.report import publish_figure_artifact, publish_report_artifacts
 from kepsilon.flows.spec import ReleaseSpec
 from kepsilon.guarantee import Guarantee
-from kepsilon.tasks.certificate import certificate_figures, refuse_risk_over_limits, write_release_certificate
+from kepsilon.tasks.certificate import (
+    certificate_figures,
+    dp_certificate_figures,
+    refuse_risk_over_limits,
+    write_release_certificate,
+)
 from kepsilon.tasks.classify import classify_attributes
 from kepsilon.tasks.dp_release import draw_dp_release, plan_dp_release
 from kepsilon.tasks.errors import ReleaseFailed, ValidationFailed, describe_failure
@@ -164,7 +169,7 @@ def _release_in_memory(spec: ReleaseSpec) -> dict:
     publish_report_artifacts(record)
     if figure_inputs is not None:
         _release_figures(spec, figure_inputs, figures_dir)
-        write_release_certificate(record, store, figures_dir)  # docs/certificate.md
+    write_release_certificate(record, store, figures_dir)  # docs/certificate.md (both modes)
     logger.info("release %s published: %d records", spec.release_id, record["rows_published"])
     return record
 
@@ -344,6 +349,8 @@ def _dp_check_stage(spec, key, table, dp_plan, reservation, store, record, outpu
     record["rows_published"] = outcome.report["rows_published"]
     record["groups"] = published_groups(release, list(release.columns), record["rows_in"])
     record["columns"] = published_columns(release, table.roles)
+    # Private: the officer's certificate's risk models and utility report (docs/certificate.md).
+    record["certificate"] = dp_certificate_figures(spec, table.frame, dp_plan, release, outcome.rows)
 
     validation = check_dp_release(release, spec, outcome.report["rows_sampled"], outcome.report["rows_suppressed"])
     record["checks"] = validation.checks

@@ -54,6 +54,13 @@ from kepsilon.flows.release import (
 from kepsilon.flows.report import publish_report_artifacts
 from kepsilon.flows.spec import ReleaseSpec
 from kepsilon.guarantee import Guarantee
+from kepsilon.tasks.certificate import write_release_certificate
+from kepsilon.tasks.certificate_dask import (
+    PART_SKETCH,
+    SOURCE_SKETCH,
+    dask_certificate_task,
+    risk_limits_task,
+)
 from kepsilon.tasks.classify import check_roles
 from kepsilon.tasks.errors import SpecError, ValidationFailed
 from kepsilon.tasks.figures import private_report_dir
@@ -311,7 +318,12 @@ def _release(spec, plan, key, operator, store, started_at, figures_dir, output_d
     record["anonymiser"] = classes.report
     record["hierarchies"] = classes.report.get("hierarchies", {})
     _distribute(spec, plan, table, scratch)
-    record["pre_epsilon"] = _pre_epsilon(Verdicts(), spec, store, key, table, sharded, plan, scratch)
+    verdicts = Verdicts()
+    record["pre_epsilon"] = _pre_epsilon(verdicts, spec, store, key, table, sharded, plan, scratch)
+    if spec.max_journalist_risk is not None or spec.max_marketer_risk is not None:
+        # The certificate's optional gates on the anonymiser's groups, on a worker reading the shards.
+        verdicts.attempt("journalist and marketer risk", lambda: risk_limits_task.submit(
+            scratch, len(plan.pieces), classes.levels, anonymised.hierarchies, spec).result())
     coder = GroupCoder.build(spec, anonymised.hierarchies, anonymised.criteria)
 
     record["approval"] = check_approval(spec, operator, store, record)
@@ -336,6 +348,7 @@ def _release(spec, plan, key, operator, store, started_at, figures_dir, output_d
     _move_into_place(spec.release_id, publication)
     publish_report_artifacts(record)
     _release_figures(spec, figure_inputs, figures_dir)
+    write_release_certificate(record, store, figures_dir)  # docs/certificate.md
     logger.info("release %s published: %d records", spec.release_id, record["rows_published"])
     return record
 
@@ -369,7 +382,8 @@ def _distribute(spec: ReleaseSpec, plan, table, scratch: Scratch) -> None:
         distribute_task.submit(piece.index, offset, scratch, columns, pieces)
         for piece, offset in zip(plan.pieces, table.offsets)
     ])
-    for name in ("classified", "shard", "shard-classes", "targets"):  # once all its partitions are done
+    # The shards stay for the certificate's figures (removed after them, or with the scratch at the end).
+    for name in ("classified", "targets"):  # once all its partitions are done
         scratch.remove(name)
 
 
@@ -508,6 +522,13 @@ def _spend_check_stage(spec, key, plan, table, anonymised, coder, reservation, s
     record["groups"] = groups_from_sizes(written.sizes, record["rows_in"])
     record["columns"] = published_columns(meta, spec.roles.names())
     record["disclosure"] = disclosure_figures(written.sizes, written.matrices(criteria), criteria)
+    # Private: the officer's certificate's figures, by reduction over the partitions (tasks/certificate_dask.py).
+    record["certificate"] = dask_certificate_task.submit(
+        spec, root, pieces, pieces, pieces, classes.levels, anonymised.hierarchies, written, coder,
+        record["rows_in"] - int(written.sizes.sum()),
+    ).result()
+    for name in (SOURCE_SKETCH, PART_SKETCH, "shard", "shard-classes"):
+        scratch.remove(name)
     validation = _gate(spec, record, written, coder, criteria, [part.checks for part in published])
     record["checks"] = validation.checks
     if not validation.success:

@@ -28,8 +28,6 @@ from kepsilon.engine.partition import published_labels
 from kepsilon.engine.perturb import public_grid
 from kepsilon.tasks.errors import InputError, SpecError
 
-NOT_COMPUTED_ON_DASK = "not computed: the Dask engine does not compute the certificate's figures yet"
-
 
 def _settings(spec):
     from kepsilon.flows.spec import CertificateSettings
@@ -53,38 +51,54 @@ def risk_models(labels: pd.DataFrame, spec, hierarchies: dict, weights: np.ndarr
                 population_table: pd.DataFrame | None = None) -> dict:
     """Prosecutor, journalist and marketer risk of the groups ``labels`` forms (one row per record).
 
-    The population (``spec.population``): a table gives each group's population size exactly; a
-    sampling fraction π gives every record a weight 1/π; a weight column gives each its own; nothing
-    declared makes the table its own population. With weights, a record's journalist risk is the
-    Benedetti–Franconi individual risk ``E[1/F | f, Σw]``.
+    ``weights``: each record's sampling weight (the spec's weight column), or None. See
+    :func:`group_risk_models`, which this reduces the records to.
     """
-    threshold = _settings(spec).risk_threshold
     n = len(labels)
     columns = list(labels.columns)
     codes = labels.groupby(columns, sort=False, dropna=False, observed=True).ngroup().to_numpy() if n else np.zeros(0, int)
     sizes = np.bincount(codes).astype(np.float64) if n else np.zeros(0)
+    group_labels = None
+    if population_table is not None or (spec.population is not None and spec.population.table is not None):
+        firsts = pd.Series(np.arange(n)).groupby(codes).first().to_numpy() if n else np.zeros(0, int)
+        group_labels = labels.iloc[firsts].reset_index(drop=True)
+    weight_sums = None if weights is None else (np.bincount(codes, weights=weights, minlength=len(sizes)) if n else np.zeros(0))
+    return group_risk_models(sizes, spec, hierarchies, weight_sums, group_labels, population_table)
+
+
+def group_risk_models(sizes: np.ndarray, spec, hierarchies: dict, weight_sums: np.ndarray | None = None,
+                      group_labels: pd.DataFrame | None = None, population_table: pd.DataFrame | None = None) -> dict:
+    """Prosecutor, journalist and marketer risk of groups of ``sizes`` records (what partitions add up to).
+
+    The population (``spec.population``): a table gives each group's population size exactly (it
+    needs ``group_labels``, one row of k-quasi labels per group); a sampling fraction π gives every
+    record a weight 1/π; ``weight_sums`` (per group, the spec's weight column summed) gives each group
+    its own; nothing declared makes the table its own population. With weights, a record's journalist
+    risk is the Benedetti–Franconi individual risk ``E[1/F | f, Σw]``.
+    """
+    threshold = _settings(spec).risk_threshold
+    sizes = np.asarray(sizes, dtype=np.float64)
+    n = int(sizes.sum())
     population = spec.population
     if population is not None and population.table is not None:
-        table = population_table if population_table is not None else load_population_table(population.table, columns)
-        firsts = pd.Series(np.arange(n)).groupby(codes).first().to_numpy()
-        group_labels = labels.iloc[firsts].reset_index(drop=True)
+        table = population_table if population_table is not None else load_population_table(population.table, list(group_labels.columns))
         sizes_in_population = np.maximum(risk.population_group_sizes(group_labels, table, hierarchies), sizes)
         record_risk = 1.0 / sizes_in_population
         basis = "population table"
         population_size = float(pd.to_numeric(table["count"]).sum())
     else:
-        if weights is None:
+        if weight_sums is None:
             fraction = population.sampling_fraction if population is not None and population.sampling_fraction else 1.0
-            weights = np.full(n, 1.0 / fraction)
+            weight_sums = sizes / fraction
             basis = "sampling fraction" if fraction < 1 else "the table is its own population"
         else:
             basis = "sampling weights"
-        weight_sums = np.bincount(codes, weights=weights) if n else np.zeros(0)
+        weight_sums = np.asarray(weight_sums, dtype=np.float64)
         record_risk = risk.individual_risk(sizes, np.maximum(weight_sums, sizes)) if n else np.zeros(0)
-        population_size = float(max(weights.sum(), n))
+        population_size = float(max(weight_sums.sum(), n))
     summary = {
         "groups": int(len(sizes)),
-        "records": int(n),
+        "records": n,
         "population_basis": basis,
         "population_size": population_size,
         "prosecutor": risk.prosecutor_risk(sizes, threshold),
@@ -126,6 +140,11 @@ def refuse_risk_over_limits(table, partition, spec) -> dict | None:
     weights = _weights(spec, table.frame)
     predicted = risk_models(predicted_labels(table, partition), spec, partition.hierarchies,
                             None if weights is None else weights[partition.kept])
+    return check_risk_limits(predicted, spec)
+
+
+def check_risk_limits(predicted: dict, spec) -> dict:
+    """Refuse when the predicted groups' journalist or marketer risk exceeds its limit; else return them."""
     if spec.max_journalist_risk is not None and predicted["journalist"]["highest"] > spec.max_journalist_risk:
         raise SpecError("max_journalist_risk", f"the anonymiser's groups reach a journalist risk of "
                         f"{predicted['journalist']['highest']:.3g}, above the limit (raise k or declare the population)")
@@ -181,18 +200,101 @@ def certificate_figures(spec, table, partition, kept: pd.DataFrame, class_ids: n
     return figures
 
 
+def dp_certificate_figures(spec, frame: pd.DataFrame, dp_plan, release: pd.DataFrame, rows: np.ndarray) -> dict:
+    """The certificate's private figures for a DP-mode release (docs/dp-mode.md, docs/certificate.md).
+
+    ``frame``: the classified source; ``release``: the published table; ``rows``: each published row's
+    source position. The DP mode generalises every quasi-identifier (k-quasis and ε-quasis) to one
+    node of the lattice, so the groups an attacker matches are those of the generalised columns; no
+    groups are decided before the noise (they are drawn from the sample), so nothing is "predicted".
+    Never raises for a figure that cannot be computed (see :func:`certificate_figures`).
+    """
+    started = time.perf_counter()
+    settings = _settings(spec)
+    quasi = list(dp_plan.columns)
+    source = frame.iloc[np.asarray(rows, dtype=np.int64)].reset_index(drop=True)
+    weights = _weights(spec, frame)
+    timings: dict[str, float] = {}
+
+    def timed(name, compute):
+        begun = time.perf_counter()
+        try:
+            return _attempt(compute)
+        finally:
+            timings[name] = round(time.perf_counter() - begun, 3)
+
+    population_table = None
+    if spec.population is not None and spec.population.table is not None:
+        population_table = load_population_table(spec.population.table, quasi)
+    figures: dict = {"computed": True, "mode": "dp", "quasi_identifiers": quasi}
+    figures["risk"] = {
+        "published": timed("risk_published", lambda: risk_models(release[quasi], spec, dp_plan.hierarchies,
+                                                                 None if weights is None else weights[rows], population_table)),
+        "predicted": {"computed": False, "reason": "the DP mode's groups are drawn from the sample, not decided before ε"},
+        "source": timed("source_uniqueness", lambda: _source_uniqueness(frame, quasi, spec, weights, population_table)),
+        "special_uniques": timed("special_uniques", lambda: risk.special_uniques(frame, quasi, settings.suda_max_size)),
+    }
+    figures["utility"] = timed("utility", lambda: _dp_utility(spec, dp_plan, frame, source, release))
+    figures["seconds"] = round(time.perf_counter() - started, 3)
+    figures["seconds_by_part"] = timings
+    return figures
+
+
+def _dp_utility(spec, dp_plan, frame: pd.DataFrame, source: pd.DataFrame, release: pd.DataFrame) -> dict:
+    """The utility report of a DP release: every generalised column by ARX's generalisation measures (the
+    published records' source values against their labels), the rest by total variation."""
+    columns = {}
+    generalised = set(dp_plan.columns) | {c for c, level in dp_plan.sensitive_levels.items() if level > 0}
+    for column in release.columns:
+        if column in generalised:
+            hierarchy = dp_plan.hierarchies[column]
+            columns[column] = {
+                "kind": "generalised",
+                "granularity": utility.granularity(source[column], release[column], hierarchy),
+                "non_uniform_entropy_bits": utility.non_uniform_entropy(source[column], release[column]),
+                "released_as_read": float((source[column].astype(str).to_numpy() == release[column].astype(str).to_numpy()).mean())
+                if len(source) else None,
+            }
+        else:
+            columns[column] = {"kind": "as read (records removed only)",
+                               "total_variation": utility.total_variation(frame[column], release[column])}
+    group_sizes = risk.group_sizes(release, list(dp_plan.columns))
+    suppressed = len(frame) - len(release)
+    report = {
+        "columns": columns,
+        "correlations": None,  # no column is noised: every number is generalised
+        "discernibility": utility.discernibility(group_sizes, suppressed, len(frame)),
+        "classes": int(len(group_sizes)),
+    }
+    target = _settings(spec).utility_target
+    if target is None:
+        report["classifier"] = {"computed": False, "reason": "no utility_target named in the spec's certificate settings"}
+    else:
+        begun = time.perf_counter()
+        report["classifier"] = utility.classifier_utility(source[release.columns], release, target,
+                                                          [q.column for q in spec.roles.e_quasi])
+        report["classifier"]["seconds"] = round(time.perf_counter() - begun, 3)
+    return report
+
+
 def _source_uniqueness(frame: pd.DataFrame, k_quasi: list[str], spec, weights, population_table) -> dict:
     """The source's own groups (k-quasi values as read): how many people its raw values single out."""
-    sizes = risk.group_sizes(frame, k_quasi)
+    return source_uniqueness(risk.group_sizes(frame, k_quasi), spec, None if weights is None else float(weights.sum()),
+                             population_table)
+
+
+def source_uniqueness(sizes: np.ndarray, spec, weight_total: float | None, population_table) -> dict:
+    """Population uniqueness of the source's groups of ``sizes`` records (see :func:`_source_uniqueness`)."""
+    records = int(np.asarray(sizes).sum())
     if population_table is not None:
         population_size = int(pd.to_numeric(population_table["count"]).sum())
-    elif weights is not None:
-        population_size = int(round(weights.sum()))
+    elif weight_total is not None:
+        population_size = int(round(weight_total))
     elif spec.population is not None and spec.population.sampling_fraction:
-        population_size = int(round(len(frame) / spec.population.sampling_fraction))
+        population_size = int(round(records / spec.population.sampling_fraction))
     else:
-        population_size = len(frame)
-    population_size = max(population_size, len(frame))
+        population_size = records
+    population_size = max(population_size, records)
     return {
         "groups": int(len(sizes)),
         "prosecutor": risk.prosecutor_risk(sizes, _settings(spec).risk_threshold),

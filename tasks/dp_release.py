@@ -24,6 +24,7 @@ class DPOutcome:
     node: dict[str, int]
     report: dict[str, Any]
     seed_commitment: str
+    rows: Any = field(default=None, repr=False)  # per published row, its source position (private, never recorded)
 
 
 @task(name="plan-dp-release", cache_policy=NO_CACHE, persist_result=False)
@@ -45,6 +46,6 @@ def draw_dp_release(frame: pd.DataFrame, dp_plan: DPPlan, spec, key: str, reserv
     rngs = dp_generators(seed)
     del seed
     mark_spent(store, reservation_id)
-    table, node, report = mechanism(frame, dp_plan, spec, rngs)
+    table, node, report, rows = mechanism(frame, dp_plan, spec, rngs, with_rows=True)
     fault_point("after-noise")
-    return DPOutcome(frame=table, node=node, report=report, seed_commitment=commitment)
+    return DPOutcome(frame=table, node=node, report=report, seed_commitment=commitment, rows=rows)

@@ -59,6 +59,7 @@ from kepsilon.engine.suppress import suppress_records
 from kepsilon.faults import fault_point
 from kepsilon.flows.spec import ReleaseSpec
 
+from .certificate_dask import PART_SKETCH, SOURCE_SKETCH, part_sketch, source_columns, source_sketch
 from .classify import NEAR_UNIQUE_MIN_ROWS, NEAR_UNIQUE_RATIO, Findings, classify_findings, refuse_findings
 from .errors import InputError, KepsilonError, SpecError
 from .ingest import refuse_short_records
@@ -116,6 +117,8 @@ def intake(plan: SourcePlan, piece: Piece, spec: ReleaseSpec, scratch: Scratch) 
         write_partials(area, histogram, columns, len(plan.pieces), piece.index)
         values = histogram.values
         area.write(classified, "classified", piece.index)
+        # The officer's certificate: this piece's counts of what the release will change (tasks/certificate_dask.py).
+        area.write(source_sketch(classified, spec), SOURCE_SKETCH, piece.index)
     return Intake(piece.index, len(frame), findings, short, values)
 
 
@@ -440,7 +443,8 @@ def perturb_and_suppress(
         rows = merged[chosen]
         area.write(
             {"frame": rows.reset_index(drop=True), "positions": positions[chosen], "order": order_keys[chosen],
-             "keys": keys[chosen], "codes": [column[chosen] for column in codes]},
+             "keys": keys[chosen], "codes": [column[chosen] for column in codes],
+             "source": kept[source_columns(spec)][chosen].reset_index(drop=True)},  # for the certificate's sketch
             "ordered", int(target), index,
         )
     return ClassPartition(index, len(kept), perturbed.report, suppression.report, groups, classes, errors, empty_like(merged))
@@ -587,12 +591,16 @@ def publish_part(
         order = np.concatenate([item["order"] for item in loaded])
         keys = np.concatenate([item["keys"] for item in loaded])
         codes = [np.concatenate([item["codes"][n] for item in loaded]) for n in range(len(loaded[0]["codes"]))]
+        source = pd.concat([item["source"] for item in loaded], ignore_index=True)
     else:
         frame, positions, order, keys = meta.copy(), np.zeros(0, np.int64), np.zeros(0, np.uint64), np.zeros(0, np.int64)
         codes = [np.zeros(0, np.int64) for _ in range(sensitive_columns)]
+        source = pd.DataFrame({column: pd.Series([], dtype=object) for column in source_columns(spec)})
     keep = ~np.isin(keys, failing)
     ordered = np.flatnonzero(keep)[np.lexsort((positions[keep], order[keep]))]  # RecordStreams.order's rule
     frame = frame.iloc[ordered].reset_index(drop=True)
+    # The officer's certificate: this part's counts and its first records (tasks/certificate_dask.py).
+    area.write(part_sketch(frame, source.iloc[ordered].reset_index(drop=True), keys[ordered], spec), PART_SKETCH, index)
     name = f"{DATASET}/part-{index:05d}.parquet"
     sha256 = replace_file(Path(staging) / name, parquet_bytes(frame))
     fault_point("worker-publish-part")

@@ -104,14 +104,14 @@ def test_a_journalist_gate_the_groups_meet_lets_the_release_through(store, synth
 
 
 def test_a_record_without_figures_says_not_computed(store, tmp_path):
-    """The Dask engine's records carry no certificate figures: the document says so instead of failing."""
+    """A record without certificate figures (one recorded before they existed): the document says so instead of failing."""
     from kepsilon.audit.records import record_release
 
     record_release(store, {"release_id": "dask-release", "population_id": "test-population", "rows_in": 10,
                            "rows_published": 10, "checks": [{"name": "k_anonymous_groups", "success": True}]},
                    outcome="published", reservation_id=None)
     document = render_certificate(certificate_facts(store, "dask-release"))
-    assert "Re-identification risk</h2><p>Not computed: the record holds no certificate figures: the Dask engine" in document
+    assert "Re-identification risk</h2><p>Not computed: the record holds no certificate figures: it was recorded before" in document
     assert "Utility</h2><p>Not computed" in document
 
 
@@ -134,3 +134,4 @@ def test_risk_models_with_a_population_table(tmp_path):
     assert figures["journalist"]["highest"] == pytest.approx(1 / 4)
     assert figures["marketer"] == pytest.approx((4 / 40 + 2 / 4) / 6)
     assert figures["population_size"] == 44
+

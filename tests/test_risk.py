@@ -224,3 +224,17 @@ def test_suda_scores_weigh_smaller_msus_more():
     summary = risk.special_uniques(frame, list("abcd"), 3)
     assert summary["records_with_msu"] == int((expected > 0).sum())
     assert summary["combinations"][0]["records"] >= 1
+
+
+@pytest.mark.parametrize("seed", [5, 6])
+def test_special_uniques_on_a_histogram_equal_those_on_its_records(seed):
+    """The Dask engine holds the source as distinct tuples with counts: SUDA on them, weighted, gives the records' figures."""
+    rng = np.random.default_rng(seed)
+    records = pd.DataFrame({c: rng.choice(list("abcdefgh")[: 3 + 2 * i], 200) for i, c in enumerate("wxyz")})
+    histogram = records.value_counts(sort=False).rename("records").reset_index()
+    on_records = risk.special_uniques(records, list("wxyz"), max_size=3, top=50)
+    on_histogram = risk.special_uniques(histogram[list("wxyz")], list("wxyz"), max_size=3, top=50,
+                                        weights=histogram["records"].to_numpy())
+    assert on_histogram["score_mean"] == pytest.approx(on_records.pop("score_mean"))
+    assert {k: v for k, v in on_histogram.items() if k != "score_mean"} == on_records
+    assert on_records["records_with_msu"] > 0 and len(histogram) < len(records)

@@ -88,3 +88,48 @@ def test_population_group_sizes_count_consistent_people(tree):
     population = pd.DataFrame({"x": list("abcdef"), "count": [10, 20, 30, 5, 1, 2]})
     sizes = risk.population_group_sizes(groups, population, {"x": tree})
     assert list(sizes) == [60, 5, 68]
+
+
+# --- the same measures from counts, as the Dask engine's partitions add them up --------------------------
+
+
+def test_measures_from_counts_equal_the_measures_on_the_records(tree):
+    rng = np.random.default_rng(11)
+    n = 700
+    # Categories with a missing value; numbers on a grid of 0.5; two aligned numeric columns.
+    source_text = pd.Series(rng.choice(["x", "y", "z", None], n))
+    released_text = source_text.sample(frac=0.8, random_state=2)
+    assert utility.total_variation_from_counts(
+        source_text.astype("string").fillna("\x00missing").value_counts(),
+        released_text.astype("string").fillna("\x00missing").value_counts(),
+    ) == pytest.approx(utility.total_variation(source_text, released_text))
+
+    source = rng.normal(40, 8, n)
+    released = np.round((source + rng.laplace(0, 2, n)) / 0.5) * 0.5
+    snapped = pd.Series(np.round(source / 0.5) * 0.5).value_counts()
+    from_counts = utility.numeric_distances_from_counts(snapped, pd.Series(released).value_counts(), span=80.0)
+    on_records = utility.numeric_distances(source, released, grid=0.5, span=80.0)
+    for name in ("wasserstein", "wasserstein_of_range", "ks"):
+        assert from_counts[name] == pytest.approx(on_records[name], rel=1e-9, abs=1e-12)
+
+    before = pd.DataFrame({"a": source, "b": 0.5 * source + rng.normal(size=n), "c": rng.normal(size=n)})
+    after = before + rng.laplace(0, 3, (n, 3))
+    halves = [slice(0, 300), slice(300, n)]  # two partitions' moments added up
+    expected = utility.correlation_change(before, after, ["a", "b", "c"])
+    added = utility.correlations_from_moments(
+        ["a", "b", "c"], utility.add_moments([utility.moments(before.iloc[h], ["a", "b", "c"]) for h in halves]),
+        utility.add_moments([utility.moments(after.iloc[h], ["a", "b", "c"]) for h in halves]))
+    for mine, theirs in zip(added["pairs"], expected["pairs"]):
+        assert mine["columns"] == theirs["columns"]
+        assert mine["before"] == pytest.approx(theirs["before"], abs=1e-9)
+        assert mine["after"] == pytest.approx(theirs["after"], abs=1e-9)
+
+    values = pd.Series(rng.choice(list("abcdef"), n))
+    level = rng.integers(0, 3, n)  # each record released at its own level: value, group, or *
+    labels = pd.Series([tree.labels[lv][tree.leaf_codes(pd.Series([v]))[0]] for v, lv in zip(values, level)])
+    pairs = pd.DataFrame({"value": values, "label": labels}).value_counts().rename("records").reset_index()
+    measured = utility.generalisation_from_pairs(pairs, tree)
+    assert measured["granularity"] == pytest.approx(utility.granularity(values, labels, tree))
+    assert measured["non_uniform_entropy_bits"] == pytest.approx(utility.non_uniform_entropy(values, labels))
+    assert measured["released_as_read"] == pytest.approx((values == labels).mean())
+    assert 0 < measured["granularity"] < 1

@@ -235,10 +235,12 @@ def dp_generators(seed: bytes) -> tuple[np.random.Generator, np.random.Generator
     return search, sampling, order
 
 
-def mechanism(frame: pd.DataFrame, dp_plan: DPPlan, spec, rngs) -> tuple[pd.DataFrame, dict, dict]:
+def mechanism(frame: pd.DataFrame, dp_plan: DPPlan, spec, rngs, with_rows: bool = False):
     """Search (or take the fixed node), sample, safe-k-anonymise, label and shuffle.
 
-    Returns the published table, the node {column: level} and the private report.
+    Returns the published table, the node {column: level} and the private report; ``with_rows``
+    adds, fourth, each published record's source position (private: the officer's certificate aligns
+    the release with its source with it, docs/certificate.md).
     """
     search_rng, sampling_rng, order_rng = rngs
     epsilon_search, _ = spec.dp_epsilons()
@@ -264,22 +266,29 @@ def mechanism(frame: pd.DataFrame, dp_plan: DPPlan, spec, rngs) -> tuple[pd.Data
     else:
         node = dp_plan.node
     sampled, published = sample_and_anonymise(dp_plan.table, node, spec.k, spec.dp_beta(), sampling_rng)
-    table = published_table(frame, dp_plan, node, published, order_rng)
+    table, rows = published_table_and_rows(frame, dp_plan, node, published, order_rng)
     report.update(
         rows_sampled=int(sampled.sum()),
         rows_suppressed=int(sampled.sum() - published.sum()),
         rows_published=int(published.sum()),
         precision_loss=precision_loss(node, dp_plan.heights),
     )
-    return table, dict(zip(dp_plan.columns, (int(level) for level in node))), report
+    levels = dict(zip(dp_plan.columns, (int(level) for level in node)))
+    return (table, levels, report, rows) if with_rows else (table, levels, report)
 
 
 def published_table(frame: pd.DataFrame, dp_plan: DPPlan, node, published: np.ndarray, rng) -> pd.DataFrame:
+    """The published records (see :func:`published_table_and_rows`)."""
+    return published_table_and_rows(frame, dp_plan, node, published, rng)[0]
+
+
+def published_table_and_rows(frame: pd.DataFrame, dp_plan: DPPlan, node, published: np.ndarray, rng) -> tuple[pd.DataFrame, np.ndarray]:
     """The published records in the source's column order, each column at its level, in random order.
 
     Generalised columns and sensitive columns above level 0 are hierarchy labels (text); a sensitive
     column at level 0 is published as read, in its type. The order is a permutation drawn from the
-    release's order stream, so it says nothing about the source's order.
+    release's order stream, so it says nothing about the source's order. Returns the table and, for
+    each of its rows, the source position it came from (private).
     """
     level_of = dict(zip(dp_plan.columns, node)) | {c: level for c, level in dp_plan.sensitive_levels.items() if level > 0}
     rows = np.flatnonzero(published)
@@ -291,4 +300,5 @@ def published_table(frame: pd.DataFrame, dp_plan: DPPlan, node, published: np.nd
         else:
             columns[column] = frame[column].array.take(rows)
     table = pd.DataFrame(columns, index=pd.RangeIndex(len(rows)))
-    return table.iloc[rng.permutation(len(rows))].reset_index(drop=True)
+    order = rng.permutation(len(rows))
+    return table.iloc[order].reset_index(drop=True), rows[order]

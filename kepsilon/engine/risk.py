@@ -329,7 +329,9 @@ def _valid(value) -> bool:
 # --- SUDA special uniques ---------------------------------------------------------------------
 
 
-def minimal_sample_uniques(frame: pd.DataFrame, columns: Sequence[str], max_size: int) -> dict[tuple[str, ...], np.ndarray]:
+def minimal_sample_uniques(
+    frame: pd.DataFrame, columns: Sequence[str], max_size: int, weights: np.ndarray | None = None
+) -> dict[tuple[str, ...], np.ndarray]:
     """Per combination of up to ``max_size`` columns, which records it singles out minimally.
 
     A record's values on a set of columns are a *minimal sample unique* (MSU) when no other record
@@ -337,6 +339,10 @@ def minimal_sample_uniques(frame: pd.DataFrame, columns: Sequence[str], max_size
     grows with the set, so a set is minimal exactly when none of its subsets one column smaller is
     unique: the search walks the sizes upwards, keeping the previous size's uniqueness per record.
     Returns ``{columns: boolean mask of the records for which it is an MSU}`` for non-empty masks.
+
+    With ``weights`` the rows are distinct tuples standing for that many records each (a histogram,
+    as the Dask engine holds the source): a tuple is unique on a set of columns when the records of
+    every tuple that agrees with it there add up to one, so only tuples of weight 1 can be flagged.
     """
     columns = list(columns)
     if max_size < 1:
@@ -348,7 +354,7 @@ def minimal_sample_uniques(frame: pd.DataFrame, columns: Sequence[str], max_size
     for size in range(1, min(max_size, len(columns)) + 1):
         current: dict[tuple[str, ...], np.ndarray] = {}
         for combo in combinations(columns, size):
-            unique = _unique_rows([codes[c] for c in combo], n)
+            unique = _unique_rows([codes[c] for c in combo], n, weights)
             current[combo] = unique
             minimal = unique.copy()
             if size > 1:
@@ -360,15 +366,15 @@ def minimal_sample_uniques(frame: pd.DataFrame, columns: Sequence[str], max_size
     return found
 
 
-def _unique_rows(code_arrays: list[np.ndarray], n: int) -> np.ndarray:
-    """Per record: whether no other record shares its codes on these columns."""
+def _unique_rows(code_arrays: list[np.ndarray], n: int, weights: np.ndarray | None = None) -> np.ndarray:
+    """Per row: whether the records sharing its codes on these columns are one (itself)."""
     if n == 0:
         return np.zeros(0, dtype=bool)
     key = np.zeros(n, dtype=np.int64)
     for codes in code_arrays:
         key = key * (int(codes.max()) + 1) + codes
         key = pd.factorize(key)[0].astype(np.int64)  # keep the combined code small
-    counts = np.bincount(key)
+    counts = np.bincount(key, weights=weights)
     return counts[key] == 1
 
 
@@ -387,29 +393,35 @@ def suda_scores(msus: dict[tuple[str, ...], np.ndarray], n_records: int, n_colum
     return scores
 
 
-def special_uniques(frame: pd.DataFrame, columns: Sequence[str], max_size: int = 3, top: int = 10) -> dict:
+def special_uniques(frame: pd.DataFrame, columns: Sequence[str], max_size: int = 3, top: int = 10,
+                    weights: np.ndarray | None = None) -> dict:
     """SUDA's warning on a table: which column combinations single people out, and how many people.
 
     Counts only, never a value: per combination the number of records it singles out minimally; the
-    records with at least one MSU; the distribution of SUDA scores.
+    records with at least one MSU; the distribution of SUDA scores. With ``weights``, ``frame`` holds
+    distinct tuples standing for that many records each (see :func:`minimal_sample_uniques`); every
+    figure is then the one the records themselves would give.
     """
-    msus = minimal_sample_uniques(frame, columns, max_size)
+    msus = minimal_sample_uniques(frame, columns, max_size, weights)
     scores = suda_scores(msus, len(frame), len(columns), max_size)
-    by_combo = sorted(((list(combo), int(mask.sum())) for combo, mask in msus.items()), key=lambda item: (-item[1], len(item[0])))
+    per_row = np.ones(len(frame)) if weights is None else np.asarray(weights, dtype=np.float64)
+    records = int(round(per_row.sum()))
+    by_combo = sorted(((list(combo), int(round(per_row[mask].sum()))) for combo, mask in msus.items()),
+                      key=lambda item: (-item[1], len(item[0])))
     by_size: dict[str, int] = {}
     for combo, mask in msus.items():
-        by_size[str(len(combo))] = by_size.get(str(len(combo)), 0) + int(mask.sum())
+        by_size[str(len(combo))] = by_size.get(str(len(combo)), 0) + int(round(per_row[mask].sum()))
     flagged = scores > 0
     return {
         "columns": list(columns),
         "max_size": max_size,
-        "records": int(len(frame)),
-        "records_with_msu": int(flagged.sum()),
+        "records": records,
+        "records_with_msu": int(round(per_row[flagged].sum())),
         "msus_by_size": by_size,
         "combinations": [{"columns": combo, "records": count} for combo, count in by_combo[:top]],
         "combinations_total": len(by_combo),
         "score_max": float(scores.max()) if len(scores) else 0.0,
-        "score_mean": float(scores.mean()) if len(scores) else 0.0,
+        "score_mean": float((scores * per_row).sum() / records) if records else 0.0,
     }
 
 

@@ -33,6 +33,14 @@ def total_variation(source: pd.Series, released: pd.Series) -> float:
     return float(0.5 * np.abs(p.reindex(both, fill_value=0.0) - q.reindex(both, fill_value=0.0)).sum())
 
 
+def total_variation_from_counts(source: pd.Series, released: pd.Series) -> float:
+    """:func:`total_variation` from value counts (value → records), as partitions add them up."""
+    p = source / source.sum() if source.sum() else source
+    q = released / released.sum() if released.sum() else released
+    both = p.index.union(q.index)
+    return float(0.5 * np.abs(p.reindex(both, fill_value=0.0) - q.reindex(both, fill_value=0.0)).sum())
+
+
 def numeric_distances(source, released, grid: float | None = None, span: float | None = None) -> dict:
     """Wasserstein-1 and Kolmogorov–Smirnov distances between a numeric column before and after.
 
@@ -54,6 +62,67 @@ def numeric_distances(source, released, grid: float | None = None, span: float |
         "wasserstein_of_range": wasserstein / span if span else None,
         "ks": float(stats.ks_2samp(source, released).statistic),
     }
+
+
+def numeric_distances_from_counts(source: pd.Series, released: pd.Series, span: float | None = None) -> dict:
+    """:func:`numeric_distances` from value counts (value → records), as partitions add them up.
+
+    ``source`` holds the source's values already snapped to the published grid; both are exact
+    distributions, so Wasserstein-1 (weighted) and the Kolmogorov–Smirnov statistic (largest gap
+    between the two cumulative distributions over the union of their values) are the ones the
+    records themselves give.
+    """
+    source = source[np.isfinite(source.index.to_numpy(dtype=np.float64)) & (source.to_numpy() > 0)]
+    released = released[np.isfinite(released.index.to_numpy(dtype=np.float64)) & (released.to_numpy() > 0)]
+    if not len(source) or not len(released):
+        return {"wasserstein": None, "wasserstein_of_range": None, "ks": None}
+    u, uw = source.index.to_numpy(dtype=np.float64), source.to_numpy(dtype=np.float64)
+    v, vw = released.index.to_numpy(dtype=np.float64), released.to_numpy(dtype=np.float64)
+    wasserstein = float(stats.wasserstein_distance(u, v, uw, vw))
+    support = np.union1d(u, v)
+    cdf_u = np.cumsum(pd.Series(uw, index=u).groupby(level=0).sum().reindex(support, fill_value=0.0).to_numpy()) / uw.sum()
+    cdf_v = np.cumsum(pd.Series(vw, index=v).groupby(level=0).sum().reindex(support, fill_value=0.0).to_numpy()) / vw.sum()
+    return {
+        "wasserstein": wasserstein,
+        "wasserstein_of_range": wasserstein / span if span else None,
+        "ks": float(np.abs(cdf_u - cdf_v).max()),
+    }
+
+
+def moments(frame: pd.DataFrame, columns: Sequence[str]) -> dict:
+    """The sums Pearson correlations need (records, Σx, Σxxᵀ over rows with every column finite), to add up."""
+    values = frame[list(columns)].to_numpy(dtype=np.float64)
+    values = values[np.isfinite(values).all(axis=1)]
+    return {"n": int(len(values)), "sum": values.sum(axis=0), "cross": values.T @ values}
+
+
+def add_moments(parts: list[dict]) -> dict:
+    """Moments of the union of the parts' rows."""
+    return {"n": sum(p["n"] for p in parts), "sum": sum(p["sum"] for p in parts), "cross": sum(p["cross"] for p in parts)}
+
+
+def correlations_from_moments(columns: Sequence[str], before: dict, after: dict) -> dict | None:
+    """:func:`correlation_change` from the source's and the release's :func:`moments`."""
+    columns = list(columns)
+    if len(columns) < 2:
+        return None
+
+    def matrix(m: dict) -> np.ndarray:
+        if m["n"] < 2:
+            return np.full((len(columns), len(columns)), np.nan)
+        mean = m["sum"] / m["n"]
+        covariance = m["cross"] / m["n"] - np.outer(mean, mean)
+        scale = np.sqrt(np.clip(np.diag(covariance), 0, None))
+        with np.errstate(divide="ignore", invalid="ignore"):
+            return covariance / np.outer(scale, scale)
+
+    first, second = matrix(before), matrix(after)
+    pairs: list[dict[str, Any]] = [
+        {"columns": [columns[i], columns[j]], "before": _finite(first[i, j]), "after": _finite(second[i, j])}
+        for i in range(len(columns)) for j in range(i + 1, len(columns))
+    ]
+    changes = [abs(p["after"] - p["before"]) for p in pairs if p["before"] is not None and p["after"] is not None]
+    return {"pairs": pairs, "largest_change": max(changes) if changes else None}
 
 
 def correlation_change(source: pd.DataFrame, released: pd.DataFrame, columns: Sequence[str]) -> dict | None:
@@ -114,6 +183,36 @@ def non_uniform_entropy(source_values: pd.Series, released_labels: pd.Series) ->
     pair = frame.groupby(["label", "value"], dropna=False, sort=False)["value"].transform("size")
     label = frame.groupby("label", dropna=False, sort=False)["label"].transform("size")
     return float(np.mean(-np.log2(pair.to_numpy(dtype=np.float64) / label.to_numpy(dtype=np.float64))))
+
+
+def generalisation_from_pairs(pairs: pd.DataFrame, hierarchy) -> dict:
+    """Granularity, non-uniform entropy and the share released as read, from (value, label, records) counts.
+
+    The same figures as :func:`granularity` and :func:`non_uniform_entropy` on the records those
+    counts stand for (``value``: the source's value as text; ``label``: the published label); what
+    the partitions of a Dask release add up.
+    """
+    records = pairs["records"].to_numpy(dtype=np.float64)
+    total = records.sum()
+    if not total:
+        return {"granularity": 1.0, "non_uniform_entropy_bits": 0.0, "released_as_read": None}
+    values = pairs["value"].astype(str).to_numpy()
+    labels = pairs["label"].astype(str).to_numpy()
+    leaves = len(hierarchy.leaves)
+    covered = np.ones(len(pairs), dtype=np.float64)
+    if leaves > 1:
+        leaf_codes = hierarchy.leaf_codes(pairs["value"].reset_index(drop=True))
+        for level in range(hierarchy.height):
+            level_labels = hierarchy.labels[level].astype(str)
+            match = level_labels[leaf_codes] == labels
+            if match.any():
+                sizes = pd.Series(level_labels).value_counts()
+                covered = np.where(match, sizes.reindex(labels).to_numpy(dtype=np.float64), covered)
+    granular = 1.0 - float((records * (covered - 1.0)).sum() / total / (leaves - 1.0)) if leaves > 1 else 1.0
+    per_label = pd.Series(records).groupby(labels).transform("sum").to_numpy(dtype=np.float64)
+    entropy = float((records * -np.log2(records / per_label)).sum() / total)
+    return {"granularity": granular, "non_uniform_entropy_bits": entropy,
+            "released_as_read": float(records[values == labels].sum() / total)}
 
 
 def discernibility(group_sizes, suppressed: int, total: int) -> float:

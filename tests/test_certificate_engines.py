@@ -1,0 +1,259 @@
+"""The officer's certificate on the Dask engine and in the DP mode.
+
+The Dask engine computes the certificate's figures by reduction over its partitions
+(``tasks/certificate_dask.py``): its stages run here in this process and their figures are compared
+with the in-memory path's, computed from the whole table with the same seed (same published records).
+Then the real flows: a Dask release on a local cluster and a DP release each write a certificate that
+verifies against the store, with figures checked against independent counts on the published files,
+and the journalist and marketer gates refuse on Dask before any ε is reserved.
+"""
+
+import json
+import os
+import subprocess
+from pathlib import Path
+
+import pandas as pd
+import pyarrow.parquet as pq
+import pytest
+
+from kepsilon.engine import risk
+from kepsilon.engine.anonymise import k_anonymise
+from kepsilon.engine.perturb import perturb
+from kepsilon.engine.randomness import RecordStreams
+from kepsilon.engine.suppress import suppress_failing_groups, suppress_records
+from kepsilon.flows.spec import ReleaseSpec, parse_spec
+from kepsilon.tasks.certificate import certificate_figures
+from kepsilon.tasks.certificate_dask import dask_certificate_figures
+from kepsilon.tasks.classify import classify
+from kepsilon.tasks.errors import SpecError
+from kepsilon.tasks.ingest import read_source
+from kepsilon.tasks.partitioned import (
+    DATASET,
+    GroupCoder,
+    GroupCounts,
+    Scratch,
+    combine_intakes,
+    distinct_count,
+    distribute,
+    failing_groups,
+    intake,
+    perturb_and_suppress,
+    publish_part,
+)
+from kepsilon.tasks.sources import plan_source
+
+from .conftest import ADULT, ROOT, SYNTHETIC, capped_store, release_spec_dict
+from .test_dask_release import anonymise_in_shards
+
+SEED = bytes(range(32))
+KEPSILON = str(ROOT / ".venv" / "bin" / "kepsilon") if (ROOT / ".venv" / "bin" / "kepsilon").exists() else "kepsilon"
+
+
+def make_spec(tmp_path: Path, **changes) -> ReleaseSpec:
+    sensitive = changes.pop("sensitive", None)
+    weight_noised = changes.pop("weight_noised", False)
+    data = release_spec_dict(
+        "paper-synthetic", release_id="cert-test", population_id="test-population",
+        source={"path": str(SYNTHETIC / "people.csv"), "delimiter": ";"}, output_dir=str(tmp_path / "out"), **changes,
+    )
+    if sensitive is not None:
+        data["roles"]["sensitive"] = sensitive
+    if weight_noised:  # a second ε-quasi, for the correlations
+        data["roles"]["explicit"].remove("WEIGHT")
+        data["roles"]["e_quasi"].append({"column": "WEIGHT", "lower": 20, "upper": 220})
+    return ReleaseSpec.model_validate(data)
+
+
+def dask_stage_figures(spec: ReleaseSpec, partitions: int, folder: Path) -> dict:
+    """The partitioned path's stages in this process (as tests/test_dask_release.py runs them), then the
+    certificate's reduction over what they left in the scratch."""
+    root = Scratch.new(folder / "scratch")
+    plan = plan_source(spec.source, partitions)
+    pieces = len(plan.pieces)
+    table = combine_intakes([intake(plan, piece, spec, root) for piece in plan.pieces], spec,
+                            lambda number: distinct_count(root, number, pieces))
+    anonymised, classes = anonymise_in_shards(spec, plan, table, root)
+    columns = [q.column for q in spec.roles.k_quasi]
+    for piece, offset in zip(plan.pieces, table.offsets):
+        distribute(piece.index, offset, root, columns, pieces)
+    coder = GroupCoder.build(spec, anonymised.hierarchies, anonymised.criteria)
+    parts = [perturb_and_suppress(j, pieces, root, spec, RecordStreams(SEED), anonymised.hierarchies, classes.levels,
+                                  coder, pieces) for j in range(pieces)]
+    failing = failing_groups(GroupCounts.add([part.groups for part in parts]), anonymised.criteria)
+    meta = next(part.meta for part in parts if part.meta is not None)
+    staging = folder / "staging"
+    (staging / DATASET).mkdir(parents=True)
+    written = GroupCounts.add([publish_part(q, pieces, root, str(staging), failing, spec, meta, False, len(coder.sensitive)).groups
+                               for q in range(pieces)])
+    return dask_certificate_figures(spec, root, pieces, pieces, pieces, classes.levels, anonymised.hierarchies,
+                                    written, coder, table.rows - int(written.sizes.sum()))
+
+
+def memory_figures(spec: ReleaseSpec) -> dict:
+    """The in-memory path's figures for the same seed (its stages as ``kepsilon.engine.preview`` runs them)."""
+    table = classify(read_source(spec.source).frame, spec)
+    partition = k_anonymise(table.frame, spec)
+    kept = table.frame[partition.kept]
+    class_ids = partition.class_ids[partition.kept]
+    perturbed = perturb(kept, class_ids, spec.roles.e_quasi, spec.epsilon_split(), spec.scale_basis, RecordStreams(SEED))
+    suppression = suppress_records(kept, perturbed.frame, class_ids, perturbed.scales, spec)
+    suppression = suppress_failing_groups(kept, class_ids, suppression, partition, spec.roles.names())
+    return certificate_figures(spec, table, partition, kept, class_ids, perturbed.frame, suppression.removed)
+
+
+CASES = [
+    (3, {"confidence": 0.9, "certificate": {"utility_target": "GENDER"}, "population": {"sampling_fraction": 0.1},
+         "weight_noised": True}),
+    (2, {"algorithm": "ola", "sensitive": [{"column": "RELIGION", "l_diversity": {"l": 2}}, "ICD"]}),
+]
+
+
+@pytest.mark.parametrize("partitions, changes", CASES)
+def test_the_dask_reduction_gives_the_in_memory_figures(tmp_path, partitions, changes):
+    spec = make_spec(tmp_path, **changes)
+    dask = dask_stage_figures(spec, partitions, tmp_path)
+    memory = memory_figures(spec)
+    assert dask["computed"] and memory["computed"]
+    for name in ("published", "predicted", "source", "special_uniques"):
+        assert "computed" not in dask["risk"][name], dask["risk"][name]
+        assert json.dumps(dask["risk"][name], sort_keys=True) == json.dumps(memory["risk"][name], sort_keys=True), name
+    utility, expected = dask["utility"], memory["utility"]
+    assert list(utility["columns"]) == list(expected["columns"])
+    for column, measures in expected["columns"].items():
+        assert utility["columns"][column]["kind"] == measures["kind"]
+        for measure, value in measures.items():
+            if measure != "kind":
+                assert utility["columns"][column][measure] == pytest.approx(value, rel=1e-9, abs=1e-12), (column, measure)
+    assert utility["discernibility"] == expected["discernibility"]
+    if "weight_noised" in changes:
+        assert len(expected["correlations"]["pairs"]) == 1
+        for mine, theirs in zip(utility["correlations"]["pairs"], expected["correlations"]["pairs"]):
+            assert mine["before"] == pytest.approx(theirs["before"], abs=1e-9)
+            assert mine["after"] == pytest.approx(theirs["after"], abs=1e-9)
+    else:
+        assert utility["correlations"] is expected["correlations"] is None  # one ε-quasi: no pair
+    moved = [m for m in expected["columns"].values() if m["kind"] != "generalised"]
+    assert any((m.get("total_variation") or m.get("ks") or 0) > 0 for m in moved)  # the figures are not trivially 0
+    if "certificate" in changes:
+        classifier = utility["classifier"]
+        assert classifier["computed"] and classifier["target"] == "GENDER"
+        assert classifier["training_records"] == expected["classifier"]["training_records"] == 3000
+        assert classifier["test_records"] == expected["classifier"]["test_records"] == 3000
+        for model in ("logistic_regression", "random_forest"):  # another random subset: close, not equal
+            assert classifier["models"][model]["source"] == pytest.approx(expected["classifier"]["models"][model]["source"], abs=0.05)
+
+
+# --------------------------------------------------------------------------- the flows
+
+
+def _verify(release_id: str, path: Path) -> subprocess.CompletedProcess:
+    """``kepsilon audit certificate RELEASE --verify FILE`` as a user runs it (the test's store: capped_store's setting)."""
+    return subprocess.run([KEPSILON, "audit", "certificate", release_id, "--verify", str(path)], capture_output=True,
+                          text=True, env=os.environ.copy(), timeout=300)
+
+
+@pytest.fixture(scope="module")
+def cluster():
+    from distributed import LocalCluster
+
+    one = LocalCluster(n_workers=1, threads_per_worker=1, processes=True, dashboard_address=":0")
+    try:
+        yield one
+    finally:
+        one.close()
+
+
+@pytest.mark.flow
+@pytest.mark.heavy  # a whole release on a local cluster: about 100 s on the shared 2-core machine
+@pytest.mark.usefixtures("prefect_harness")
+def test_a_dask_release_writes_a_certificate_with_its_figures_that_verifies(cluster, tmp_path, monkeypatch):
+    from kepsilon.flows.release import governed_release
+
+    store = capped_store(tmp_path, monkeypatch, "test-population")
+    execution = {"engine": "dask", "scheduler": cluster.scheduler_address, "partitions": 3}
+    spec = make_spec(tmp_path, execution=execution, max_marketer_risk=0.5, certificate={"utility_target": "GENDER"})
+    record = governed_release(spec)
+    figures = record["certificate"]
+    assert figures["computed"] and figures["engine"] == "dask"
+    data = pq.read_table(Path(record["output_dir"]) / "data.parquet").to_pandas()
+    groups = data.groupby([q.column for q in spec.roles.k_quasi], dropna=False).size().to_numpy()
+    published = figures["risk"]["published"]
+    assert published["prosecutor"]["highest"] == pytest.approx(1 / groups.min())  # independent count on the files
+    assert published["prosecutor"]["average"] == pytest.approx(len(groups) / len(data))
+    assert figures["utility"]["classifier"]["computed"]
+    assert "certificate" not in json.loads((Path(record["output_dir"]) / "manifest.json").read_text())
+
+    path = tmp_path / "reports" / "cert-test" / "certificate.html"
+    text = path.read_text(encoding="utf-8")
+    assert "Not computed" not in text and "Classifier utility" in text
+    assert store.execute("SELECT entry_hash FROM chain WHERE table_name = 'releases'").fetchone()[0] in text
+    assert _verify("cert-test", path).returncode == 0
+    changed = bytearray(path.read_bytes())
+    changed[changed.index(b"records were")] = ord("R")
+    (tmp_path / "changed.html").write_bytes(bytes(changed))
+    assert _verify("cert-test", tmp_path / "changed.html").returncode == 2
+
+
+@pytest.mark.flow
+@pytest.mark.usefixtures("prefect_harness")
+def test_a_marketer_gate_on_dask_refuses_before_any_reservation(cluster, tmp_path, monkeypatch):
+    from kepsilon.audit.ledger import remaining
+    from kepsilon.flows.release import governed_release
+
+    store = capped_store(tmp_path, monkeypatch, "test-population")
+    execution = {"engine": "dask", "scheduler": cluster.scheduler_address, "partitions": 2}
+    with pytest.raises(SpecError, match="max_marketer_risk"):
+        governed_release(make_spec(tmp_path, execution=execution, max_marketer_risk=0.001))
+    assert store.execute("SELECT COUNT(*) FROM ledger WHERE kind = 'reserve'").fetchone()[0] == 0
+    assert remaining(store, "test-population") == pytest.approx(5.0)
+
+
+def test_the_dask_gates_with_sampling_weights_are_refused_by_name(tmp_path):
+    with pytest.raises(SpecError, match="max_journalist_risk"):
+        make_spec(tmp_path, execution={"engine": "dask"}, max_journalist_risk=0.1,
+                  population={"weight_column": "HEIGHT"})
+    make_spec(tmp_path, execution={"engine": "dask"}, max_journalist_risk=0.1)  # without weights: accepted
+
+
+@pytest.mark.flow
+@pytest.mark.usefixtures("prefect_harness")
+def test_a_dp_release_writes_a_certificate_with_its_figures_that_verifies(tmp_path, monkeypatch):
+    from kepsilon.audit.ledger import set_cap
+    from kepsilon.flows.release import governed_release
+
+    from .test_dp_flow import dp_spec
+
+    store = capped_store(tmp_path, monkeypatch, "dp-population")
+    set_cap(store, "dp-population", 5.0, by="test-officer", reason="test caps", delta=0.01)
+    spec = dp_spec(tmp_path, certificate={"utility_target": "salary-class"}, population={"sampling_fraction": 0.05})
+    record = governed_release(parse_spec(spec))
+    figures = record["certificate"]
+    assert figures["computed"] and figures["mode"] == "dp"
+    quasi = ["sex", "race", "marital-status", "education", "age"]
+    assert figures["quasi_identifiers"] == quasi
+    data = pd.read_csv(Path(record["output_dir"]) / "data.csv", dtype=str, keep_default_na=False)
+    groups = data.groupby(quasi).size().to_numpy()
+    published = figures["risk"]["published"]
+    assert published["prosecutor"]["highest"] == pytest.approx(1 / groups.min()) and groups.min() >= 30
+    expected = risk.individual_risk(groups, groups / 0.05)
+    assert published["journalist"]["highest"] == pytest.approx(expected.max())
+    assert figures["risk"]["predicted"]["computed"] is False
+    source = pd.read_csv(ADULT / "adult.csv", sep=";", dtype=str, keep_default_na=False)
+    p, q = (frame["salary-class"].value_counts(normalize=True) for frame in (source, data))
+    independent = 0.5 * (p - q.reindex(p.index, fill_value=0)).abs().sum()
+    assert figures["utility"]["columns"]["salary-class"]["total_variation"] == pytest.approx(independent)
+    for column in quasi:
+        assert figures["utility"]["columns"][column]["kind"] == "generalised"
+    assert figures["utility"]["columns"]["sex"]["granularity"] == 1.0  # level 0: released as read
+    assert 0 < figures["utility"]["columns"]["age"]["granularity"] < 1
+    assert figures["utility"]["classifier"]["computed"]
+
+    path = tmp_path / "reports" / "dp-release" / "certificate.html"
+    text = path.read_text(encoding="utf-8")
+    assert "δ in use (DP mode)" in text and "Not computed: the record holds no" not in text
+    assert _verify("dp-release", path).returncode == 0
+    changed = bytearray(path.read_bytes())
+    changed[changed.index(b"records were")] = ord("R")
+    (tmp_path / "changed.html").write_bytes(bytes(changed))
+    assert _verify("dp-release", tmp_path / "changed.html").returncode == 2
