@@ -3,7 +3,8 @@ writes ``reliability/report.md`` ending with ``N passed, N failed``.
 
     .venv/bin/python -m reliability.run [--fault-runs 3] [--race-trials 3] [--processes 4] [--noise-samples 20000]
 
-Exit status 1 if any check failed.
+Exit status 1 if any check failed. ``--issue-24-first`` runs issue 24's blocks before the others; SIGTERM or
+Ctrl-C stops the run and still writes the report of what finished, headed PARTIAL RUN (exit status 1).
 """
 
 from __future__ import annotations
