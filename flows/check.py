@@ -66,6 +66,8 @@ def check_release(spec: ReleaseSpec, *, via: str, flow_run_id: str | None = None
         _, partition = verdicts.attempt("anonymiser", k_anonymise, table.frame, spec)
     verdicts.attempt("output folder", check_output_dir, spec.output_dir, spec.release_id,
                      _estimate_basis(source, spec) if read else 0)
+    if spec.execution.engine == "dask":  # the check reads in memory, but the release would need its scratch
+        verdicts.attempt("scratch folder", _check_scratch, spec, source.frame if read else None)
     if partition is not None and store_ok and key is not None:
         result["predicted"] = pre_epsilon_in_memory(verdicts, spec, store, key, table, partition)
     if store_ok:
@@ -81,6 +83,16 @@ def _verify(store: str) -> None:
     from kepsilon.audit.integrity import check_store
 
     check_store(store)
+
+
+def _check_scratch(spec, frame) -> None:
+    """The Dask engine's scratch folder as the release prepares it, sized by the table read in memory."""
+    from pathlib import Path
+
+    from kepsilon.flows.release_dask import check_scratch
+
+    table_bytes = int(frame.memory_usage(deep=True).sum()) if frame is not None else 0
+    check_scratch(spec, str(Path(spec.output_dir).absolute()), table_bytes)
 
 
 def _record_read(spec, source, operator: str, via: str, flow_run_id, store: str) -> int:

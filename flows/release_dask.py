@@ -434,6 +434,12 @@ def _prepare_scratch(spec: ReleaseSpec, output_dir: str, table_bytes: int) -> Sc
         raise SpecError("execution.scratch", f"{str(root)!r} cannot be made ({error.strerror or type(error).__name__})") from None
 
 
+def check_scratch(spec: ReleaseSpec, output_dir: str, table_bytes: int) -> None:
+    """``kepsilon check``'s scratch verdict: the release's own preparation of its scratch folder (placement,
+    owner, 0700, free space, a run folder made and locked), then that run folder removed at once."""
+    _prepare_scratch(spec, output_dir, table_bytes).close()
+
+
 def _on_this_machine(address: str) -> bool:
     """Whether a scheduler address is a loopback one (its workers then see this machine's folders)."""
     import ipaddress

@@ -29,7 +29,7 @@ import pandas as pd
 from kepsilon.faults import DASK_FAULT_POINTS
 from kepsilon.tasks.scratch import MAGIC, MARKER, ROOT_PREFIX
 
-from .harness import BIN, Results, kepsilon, ledger_kinds, spec_dict, store_env, write_spec
+from .harness import BIN, Results, finish, kepsilon, ledger_kinds, spec_dict, store_env, write_spec
 
 # The flow-process kill points a Dask release passes, in order (the shared ones included).
 DASK_KILL_POINTS = ("dask-intake", "after-reservation", "dask-distribute", "dask-perturb-suppress", "after-noise",
@@ -236,11 +236,7 @@ def cluster_intruder_scenario(results: Results, env: dict, work: Path, sample: P
         results.add(cat, "the release was still held, the same ports open, after every attempt", still)
     finally:
         hold.touch()
-        try:
-            output, _ = process.communicate(timeout=600)
-        except subprocess.TimeoutExpired:
-            process.kill()
-            output, _ = process.communicate()
+        output, _ = finish(process, 600)
     results.add(cat, "the held release then publishes", process.returncode == 0, f"exit {process.returncode}")
     results.add(cat, "no 'dashboard is available' line", "dashboard is available" not in output)
 

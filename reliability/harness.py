@@ -84,6 +84,18 @@ def kepsilon(args: list[str], env: dict, cwd: Path, fault: str | None = None, ti
     )
 
 
+def finish(process: subprocess.Popen, timeout: float = 600) -> tuple[str, str]:
+    """Let a started ``kepsilon`` run end on its own within ``timeout`` seconds, else SIGKILL it; its
+    (stdout, stderr) — stderr is empty when it was merged into stdout. A scenario that holds or kills
+    something under a run always ends it this way, so a run that hangs fails its checks, not the suite."""
+    try:
+        out, err = process.communicate(timeout=timeout)
+    except subprocess.TimeoutExpired:
+        process.kill()
+        out, err = process.communicate()
+    return out or "", err or ""
+
+
 def copy_head_log(source_store: Path, target_store: Path) -> None:
     """Put ``source_store``'s head log where ``target_store``'s belongs (a copy of a store goes with its log)."""
     import shutil

@@ -36,6 +36,7 @@ from .harness import (
     SYNTHETIC,
     Results,
     copy_head_log,
+    finish,
     kepsilon,
     ledger_kinds,
     max_per_key,
@@ -1070,11 +1071,7 @@ def orchestrator_death(results: Results, base: Path, source: Path, point: str, m
         servers[0].wait()
         killed = time.monotonic()
         hold.touch()
-        try:
-            out, err = process.communicate(timeout=600)
-        except subprocess.TimeoutExpired:
-            process.kill()
-            out, err = process.communicate()
+        out, err = finish(process, 600)
         seconds = time.monotonic() - killed
     lines = [line for line in (out + err).splitlines() if STORE_SAYS in line]
     said = lines[0].split(STORE_SAYS, 1)[1].strip() if len(lines) == 1 else ""
@@ -1136,6 +1133,9 @@ def _settings_case(results: Results, name: str, args: list[str], env: dict, work
     run = kepsilon(args, env, work)
     output = run.stderr + run.stdout
     said = [line for line in _message_lines(run.stderr) if not line.startswith("note:")]
+    if args[0] == "check" and not said and run.returncode == 2:
+        # A check that ran prints its verdicts on stdout and ends with one "would be refused: …" line: that line.
+        said = [line for line in _message_lines(run.stdout) if line.startswith("would be refused:")]
     results.add(SETTINGS_CATEGORY, f"{name}: no traceback", "Traceback" not in output, _flat(output)[-160:])
     results.add(SETTINGS_CATEGORY, f"{name}: exit 0 or 2", run.returncode in (0, 2), f"exit {run.returncode}")
     if accepted is not None:
@@ -1231,6 +1231,8 @@ def option_matrix(results: Results, env: dict, base: Path, source: Path, values=
             (f"release --k {value}", ["release", str(spec), "--k", value], ("k",)),
             (f"release --epsilon {value}", ["release", str(spec), "--epsilon", value], ("epsilon",)),
             (f"release --algorithm {value}", ["release", str(spec), "--algorithm", value], ("algorithm",)),
+            (f"check --k {value}", ["check", str(spec), "--k", value], ("k",)),
+            (f"check --epsilon {value}", ["check", str(spec), "--epsilon", value], ("epsilon",)),
             (f"advise --k {value}", ["advise", str(spec), "--k", value, "--draws", "2"], ("k",)),
             (f"advise --epsilon {value}", ["advise", str(spec), "--epsilon", value, "--k", "2", "--draws", "2"], ("epsilon",)),
             (f"advise --draws {value}", ["advise", str(spec), "--k", "2", "--epsilon", "1", "--draws", value], ("draws",)),

@@ -314,6 +314,18 @@ def test_public_grid_is_exact_and_refuses_bad_input():
         assert caught.value.parameter == parameter
 
 
+@pytest.mark.parametrize("epsilon", [1e7, 1e200, 1e308, np.finfo(float).max])
+def test_an_epsilon_near_the_float_maximum_is_refused_as_too_fine_not_an_overflow(epsilon):
+    """``kepsilon check --epsilon 1e308`` ended in OverflowError (exit 1, a traceback): the grid was subnormal,
+    and the bounds divided by it overflowed before the precision check could refuse."""
+    from kepsilon.engine.perturb import check_noise_grid
+
+    quasi = SimpleNamespace(column="HEIGHT", lower=130.0, upper=210.0)
+    with pytest.raises(SpecError, match="finer than the values' float precision") as caught:
+        check_noise_grid([quasi], {"HEIGHT": epsilon})
+    assert caught.value.parameter == "epsilon"
+
+
 @pytest.mark.parametrize("basis", ["diameter", "bounds"])
 def test_tables_of_very_different_diameters_share_the_public_grid(basis):
     grid = public_grid(130.0, 210.0, 1.0)

@@ -176,3 +176,32 @@ def test_unauthenticated_requests_to_prefect_and_the_officers_datasette_are_refu
     results = Results()
     logins_scenario(results, server, base / "logins", sample)
     assert_all_pass(results, CATEGORY, minimum=35)
+
+
+# --- Every check that needs no noise before ε, through the CLI (issue 24.3, 24.5; reliability/pre_epsilon.py) ---
+
+
+def test_the_noise_grid_the_scratch_folder_and_an_empty_release_are_refused_before_epsilon_and_by_check(server, base, sample):
+    """Short version of make reliability's 'before ε' cases: ε 1e7 under a cap of 2e7 (the grid under the
+    float precision), a Dask scratch folder inside the output folder, and a release confidence suppression
+    would empty. Each: ``kepsilon release`` exit 2 in one line naming the parameter, nothing reserved or
+    spent; ``kepsilon check`` marks the same verdict NO."""
+    from reliability.pre_epsilon import CATEGORY, GRID_CASES, empty_release, noise_grid_cases, scratch_in_output
+
+    results = Results()
+    rows = noise_grid_cases(results, server, base / "before-epsilon", sample, cases=GRID_CASES[1:])
+    rows += [scratch_in_output(results, server, base / "before-epsilon", sample),
+             empty_release(results, server, base / "before-epsilon", sample)]
+    assert_all_pass(results, CATEGORY, minimum=8 + 7 + 7)  # the grid case also checks that ε is not repeated
+    assert [row["exit"] for row in rows] == [2, 2, 2]
+
+
+def test_a_deleted_seed_key_is_refused_not_recreated_and_the_rerun_resumes_once_it_is_back(server, base, sample):
+    """Issue 24.3: a release killed after its noise, its seed key deleted: the rerun and the check refuse naming
+    KEPSILON_SEED_KEY_FILE and create no new key; with the key put back, the rerun publishes on the same
+    reservation and seed (one spend): no ε lost."""
+    from reliability.pre_epsilon import CATEGORY, deleted_seed_key
+
+    results = Results()
+    deleted_seed_key(results, server, base / "seed-key", sample)
+    assert_all_pass(results, CATEGORY, minimum=11)

@@ -269,6 +269,15 @@ def check_noise_grid(e_quasis: Sequence[Any], epsilon_split: dict[str, float]) -
         epsilon = _checked_epsilon(column, epsilon_split)
         lower, upper = _checked_bounds(quasi)
         grid = public_grid(lower, upper, epsilon)
+        too_fine = SpecError(
+            "epsilon",
+            f"column {column!r}: ε is so large that the noise grid is finer than the values' float precision "
+            f"(under 2^{SPACING_MARGIN_BITS} float steps); use a smaller ε",
+        )
+        # An ε near the float maximum makes the grid subnormal (or 0): bounds / grid overflow before any
+        # comparison could say so.
+        if grid == 0 or not (math.isfinite(lower / grid) and math.isfinite(upper / grid)):
+            raise too_fine
         inner_low, inner_high = grid_bounds(lower, upper, grid)
         if inner_low > inner_high:
             raise SpecError(
@@ -278,11 +287,7 @@ def check_noise_grid(e_quasis: Sequence[Any], epsilon_split: dict[str, float]) -
             )
         reach = max(abs(lower), abs(upper)) + NOISE_TAIL_SCALES * (upper - lower) / epsilon
         if grid < np.ldexp(np.spacing(reach), SPACING_MARGIN_BITS):
-            raise SpecError(
-                "epsilon",
-                f"column {column!r}: ε is so large that the noise grid is finer than the values' float precision "
-                f"(under 2^{SPACING_MARGIN_BITS} float steps); use a smaller ε",
-            )
+            raise too_fine
 
 
 def _check_grid_resolution(column: str, grid: float, *magnitudes: np.ndarray) -> None:
