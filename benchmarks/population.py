@@ -149,12 +149,15 @@ def write_csv(tables, out: Path) -> None:
     os.replace(temporary, out)
 
 
-def write_parquet(tables, out: Path) -> None:
+FINE_ROW_GROUP = 100_000  # a piece reads the row groups it touches whole: small ones waste little
+
+
+def write_parquet(tables, out: Path, row_group_size: int | None = None) -> None:
     """A folder of Parquet files, one per chunk, written under a hidden name and renamed when complete."""
     temporary = out.with_name(f".{out.name}.partial")
     temporary.mkdir(parents=True, exist_ok=False)
     for number, table in enumerate(tables):
-        pq.write_table(table, temporary / f"part-{number:05d}.parquet")
+        pq.write_table(table, temporary / f"part-{number:05d}.parquet", row_group_size=row_group_size)
     os.replace(temporary, out)
 
 
@@ -179,8 +182,10 @@ def main() -> None:
         tables = chunks(arguments.rows, arguments.seed)
     else:
         tables = resampled_tables(arguments.rows, arguments.seed)
-    writer = write_csv if arguments.format == "csv" else write_parquet
-    writer(tables, arguments.out)
+    if arguments.format == "csv":
+        write_csv(tables, arguments.out)
+    else:
+        write_parquet(tables, arguments.out, FINE_ROW_GROUP if arguments.fine else None)
 
 
 if __name__ == "__main__":
