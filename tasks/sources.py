@@ -35,6 +35,7 @@ from kepsilon.flows.spec import SourceFormat, SourceSpec
 from .errors import InputError
 from .ingest import (
     _BOM,
+    arrow_csv_cells,
     arrow_frame,
     column_names,
     dataset_files,
@@ -150,6 +151,9 @@ def read_csv_piece(plan: SourcePlan, piece: Piece, source: SourceSpec) -> tuple[
         text = text[len(_BOM):]
         raw = raw[len(_BOM.encode("utf-8")):]
     names = list(plan.names)
+    frame = arrow_csv_cells(raw, source, names, skip_header)  # a plain CSV, straight into Arrow strings
+    if frame is not None:
+        return frame, []
     try:
         frame = parse_csv_text(text, source, names, skip_header=skip_header)
     except pd.errors.EmptyDataError:
