@@ -560,7 +560,15 @@ def fixed_and_per_record(cases: list[dict], fixed: dict) -> dict:
     points = [(fixed["rows"], fixed["seconds"])] + [(case["rows"], case["seconds"]) for case in cases]
     rows, seconds = np.array([p[0] for p in points], dtype=float), np.array([p[1] for p in points])
     slope, intercept = (np.polyfit(rows, seconds, 1) if len(points) > 1 else (float("nan"), float("nan")))
+    def cpu(case: dict) -> float:
+        return sum(case["cpu_seconds"].values())
+
     return {
+        # CPU time of every process (flow, scheduler, workers, Prefect server): what a loaded machine
+        # does not inflate, unlike the wall time
+        "fixed_cpu_seconds": round(cpu(fixed), 1),
+        "per_record_cpu_us": {case["name"]: round((cpu(case) - cpu(fixed)) / (case["rows"] - fixed["rows"]) * 1e6, 2)
+                              for case in cases},
         "fixed_seconds": fixed["seconds"],
         "per_record_us": {case["name"]: round((case["seconds"] - fixed["seconds"]) / (case["rows"] - fixed["rows"]) * 1e6, 2)
                           for case in cases},
@@ -569,31 +577,31 @@ def fixed_and_per_record(cases: list[dict], fixed: dict) -> dict:
 
 
 def run_fine(sizes: list[int], workers: int, memory_limit: str) -> dict:
-    """The fine-grained series on one configured Prefect server and one existing cluster."""
+    """The fine-grained series on one configured Prefect server and one existing cluster; written to
+    ``scale-results.json`` after every case, so a series cut short keeps what it measured."""
     sources = {rows: fine_population(rows) for rows in [FIXED_ROWS, *sizes]}
     folder = Path(tempfile.mkdtemp(prefix="kepsilon-bench-services-"))
     os.chmod(folder, 0o700)
     results: dict = {"machine": machine(), "workers": workers, "threads_per_worker": 1, "worker_memory_limit": memory_limit,
-                     "recorded_at": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime())}
+                     "recorded_at": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()), "cases": []}
     try:
         with Services(folder, workers, memory_limit) as services:
             # A first small release warms the services (the server's database, the workers' imports), as
             # an operator's cluster is warm after its first release; it is recorded but not counted.
             results["warm_up"] = run_fine_case("fine-warm-up", FIXED_ROWS, services, sources[FIXED_ROWS])
             print(fine_report([results["warm_up"]]), flush=True)
-            fixed = run_fine_case("fine-fixed-cost", FIXED_ROWS, services, sources[FIXED_ROWS])
-            print(fine_report([fixed]), flush=True)
-            cases = []
+            results["fixed_cost_case"] = run_fine_case("fine-fixed-cost", FIXED_ROWS, services, sources[FIXED_ROWS])
+            print(fine_report([results["fixed_cost_case"]]), flush=True)
+            _write_results("fine", results)
             for rows in sizes:
                 name = f"fine-{rows // MILLION}m" if rows % MILLION == 0 else f"fine-{rows}"
                 print(f"running {name} ({rows:,} rows, load average {os.getloadavg()[0]:.1f}) ...", flush=True)
-                cases.append(run_fine_case(name, rows, services, sources[rows]))
-                print(fine_report(cases[-1:]), flush=True)
+                results["cases"].append(run_fine_case(name, rows, services, sources[rows]))
+                print(fine_report(results["cases"][-1:]), flush=True)
+                results["fixed_and_per_record"] = fixed_and_per_record(results["cases"], results["fixed_cost_case"])
+                _write_results("fine", results)
     finally:
         shutil.rmtree(folder, ignore_errors=True)
-    results["fixed_cost_case"] = fixed
-    results["cases"] = cases
-    results["fixed_and_per_record"] = fixed_and_per_record(cases, fixed)
     return results
 
 
