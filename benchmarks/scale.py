@@ -114,6 +114,8 @@ class TreeWatcher:
     def __init__(self, root: psutil.Process | list[psutil.Process], interval: float = 0.2):
         self.roots = root if isinstance(root, list) else [root]
         self.root, self.interval = self.roots[0], interval
+        self.cpu_of: dict[int, psutil.Process] | None = None  # processes whose CPU time is sampled too
+        self.cpu_samples: list[tuple[float, dict[int, float]]] = []
         self.peaks: dict[int, tuple[str, float]] = {}
         self._stop = threading.Event()
         self._thread = threading.Thread(target=self._run, daemon=True)
@@ -140,7 +142,17 @@ class TreeWatcher:
                     continue
                 role = self.peaks.get(process.pid, (None, 0))[0] or _role(process, self.root.pid)
                 self.peaks[process.pid] = (role, max(peak / 1024, self.peaks.get(process.pid, (role, 0.0))[1]))
+            if self.cpu_of is not None:
+                self.cpu_samples.append((time.time(), {pid: _cpu_seconds(process) for pid, process in self.cpu_of.items()}))
             self._stop.wait(self.interval)
+
+    def cpu_between(self, start: float, end: float) -> dict[int, float]:
+        """CPU seconds each process of ``cpu_of`` used between two wall-clock times (nearest samples)."""
+        inside = [sample for sample in self.cpu_samples if start <= sample[0] <= end]
+        if len(inside) < 2:
+            return {}
+        first, last = inside[0][1], inside[-1][1]
+        return {pid: round(last[pid] - first[pid], 2) for pid in first}
 
     def by_role(self) -> dict[str, float]:
         """Peak MiB per process, named by role (workers numbered in order of appearance)."""
@@ -482,7 +494,10 @@ def run_fine_case(name: str, rows: int, services: Services, source: Path) -> dic
             [str(Path(sys.executable).parent / "kepsilon"), "release", str(spec)],
             cwd=folder, env=environment, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
         )
-        with TreeWatcher(process) as watcher, TreeWatcher(list(long_lived.values())) as services_watcher:
+        services_watcher = TreeWatcher(list(long_lived.values()))
+        workers = {p.pid: p for role, p in long_lived.items() if role.startswith("dask-worker-")}
+        services_watcher.cpu_of = workers
+        with TreeWatcher(process) as watcher, services_watcher:
             cpu_client = 0.0
             while process.poll() is None:
                 cpu_client = max(cpu_client, _cpu_seconds(process))
@@ -507,6 +522,12 @@ def run_fine_case(name: str, rows: int, services: Services, source: Path) -> dic
         times = stage_times(services.client_env["PREFECT_API_URL"], started_wall)
         partition_task_seconds = sum(entry["task_seconds"] for stage, entry in times["stages"].items()
                                      if stage in PARTITION_STAGES)
+        for stage, entry in times["stages"].items():
+            # The stages run one after the other: the workers' CPU time over a stage's span is that stage's.
+            used = services_watcher.cpu_between(started_wall + entry["first_start_s"], started_wall + entry["last_end_s"])
+            if used and stage != "governed-release-dask":
+                entry["worker_cpu_seconds"] = round(sum(used.values()), 2)
+                entry["worker_cpu_us_per_record"] = round(sum(used.values()) / rows * 1e6, 2)
         worker_cpu = sum(value for role, value in cpu.items() if role.startswith("dask-worker-"))
         return {
             "name": name,

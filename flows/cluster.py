@@ -10,7 +10,8 @@ workers, which then peaked at 2.1–2.4 GB each) and give each worker ``total me
 limit, which says nothing about what a partition needs. Here the limit is computed from the partition's
 estimated size, so Dask's thresholds mean something: it spills results at 60 % of the limit, pauses the
 worker at 80 % and restarts it at 95 % (the task is then retried, ``PARTITION_RETRIES``). It is never set
-above the machine's share (``total / workers``), nor below ``MINIMUM_LIMIT``.
+above the machine's share (``total / workers``), nor below ``MINIMUM_LIMIT``; at the default partition
+sizes the floor is what applies, and larger partitions or more threads raise it.
 """
 
 import math
@@ -20,12 +21,13 @@ import psutil
 from kepsilon.flows.spec import Execution, SourceSpec
 from kepsilon.tasks.sources import partition_memory_estimate
 
-# Measured on the fine-grained benchmark (benchmarks/scale.py --fine, docs/performance.md): a worker idles
-# at about 0.35 GB (Python, pandas, pyarrow, Prefect, distributed) and peaks at the fixed part plus a few
-# times its partition's Arrow size while a stage holds the partition, its classified copy and what it writes.
+# Measured on the fine-grained benchmark (benchmarks/scale.py --fine, docs/performance.md): a worker peaks at
+# 0.47 GB over a 10,000-record release (Python, pandas, pyarrow, Prefect, distributed, one tiny partition) and
+# at 0.71-0.74 GB over 500,000-record partitions of about 46 MB in Arrow: some 6 times the partition above the
+# fixed part (the partition, its classified copy, what a stage writes). The base is rounded up for headroom.
 WORKER_BASE_BYTES = 600 << 20
 PARTITION_FACTOR = 6
-MINIMUM_LIMIT = 1 << 30
+MINIMUM_LIMIT = 3 << 29  # 1.5 GiB: twice the measured peak at the default partition size
 
 
 def worker_memory_limit(execution: Execution, source: SourceSpec | None) -> int:
