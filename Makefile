@@ -43,10 +43,12 @@ test-heavy: install
 bench: install
 	$(BIN)/python -m benchmarks.run
 
-## bench-scale: the dask engine at 1M, 5M and 10M rows and release-1m, with every process's peak memory
-## (benchmarks/scale-results.json); about 8 minutes
+## bench-scale: fine-grained k-quasis (5-digit ZIP over 3,000 codes, Zipf-like) at 1M, 10M and 30M rows on a
+## configured Prefect server and an existing TLS Dask cluster of 2 one-thread workers: wall time, distinct tuples,
+## classes, every process's peak memory, CPU time, stage times, the fixed cost apart from the per-record cost
+## (benchmarks/scale-results.json, "fine"; docs/performance.md). The older resampled series: BENCH_SCALE=series
 bench-scale: install
-	$(BIN)/python -m benchmarks.scale --series
+	$(BIN)/python -m benchmarks.scale $(if $(filter series,$(BENCH_SCALE)),--series,--fine)
 
 ## certificate-cost: what the officer's certificate costs a release, on UCI Adult (memory engine) and on
 ## 10M rows (dask engine, 2 workers): benchmarks/certificate-cost.json and a markdown table; about 10 minutes

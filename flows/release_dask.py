@@ -125,9 +125,10 @@ CLOSED_HTTP = {"distributed.scheduler.http.routes": [], "distributed.worker.http
                "distributed.dashboard.link": ""}  # and no "dashboard at …" line pointing at nothing
 
 
-def dask_task_runner(execution, local_directory: str | None = None):
+def dask_task_runner(execution, local_directory: str | None = None, source=None):
     """The flow's ``DaskTaskRunner``: the given scheduler's cluster, else a LocalCluster of ``workers``
-    processes closed to other accounts (per-run mutual TLS on 127.0.0.1, no dashboard).
+    processes closed to other accounts (per-run mutual TLS on 127.0.0.1, no dashboard), of ``threads``
+    threads each (one by default) and a memory limit sized from ``source``'s partitions (``flows/cluster.py``).
 
     ``local_directory``: where the local workers keep their own files (data Dask spills to disk under
     memory pressure): the account's private scratch folder.
@@ -135,9 +136,11 @@ def dask_task_runner(execution, local_directory: str | None = None):
     from distributed import Security
     from prefect_dask import DaskTaskRunner
 
+    from kepsilon.flows.cluster import local_cluster_size
+
     if execution.scheduler:
         return DaskTaskRunner(address=execution.scheduler, client_kwargs={"security": scheduler_security(execution.scheduler)})
-    options = {"n_workers": execution.workers, "processes": True, "security": Security.temporary(),
+    options = {**local_cluster_size(execution, source), "processes": True, "security": Security.temporary(),
                "protocol": "tls://", "host": "127.0.0.1", "dashboard_address": None}
     if local_directory:
         options["local_directory"] = local_directory
@@ -212,7 +215,7 @@ def release_on_dask(spec: ReleaseSpec) -> dict:
         local_directory = str(private_root(spec, spec.output_dir))
     # The cluster's own chatter (workers joining, leaving) is not the release's log.
     logging.getLogger("distributed").setLevel(logging.WARNING)
-    runner = dask_task_runner(spec.execution, local_directory)
+    runner = dask_task_runner(spec.execution, local_directory, spec.source)
     with dask.config.set(CLOSED_HTTP) if not spec.execution.scheduler else nullcontext():
         return governed_release_dask.with_options(task_runner=runner)(spec)
 

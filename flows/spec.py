@@ -354,6 +354,13 @@ class Execution(FormModel):
         "cluster of `workers` processes on this machine, started and stopped with the run",
     )
     workers: int = Field(default=2, ge=1, le=1024, description="dask: worker processes of the local cluster")
+    threads: int = Field(
+        default=1,
+        ge=1,
+        le=256,
+        description="dask: threads per worker process of the local cluster; each thread holds a partition, so "
+        "a worker's memory grows with them (docs/performance.md)",
+    )
     csv: bool = Field(
         default=False,
         description="dask: also write data.csv (one file, in the published order) beside the Parquet dataset; "

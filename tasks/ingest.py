@@ -7,7 +7,10 @@ a guessed source. (The field keeps its historical name ``sha256``.)
 
 Nothing is guessed here. A CSV is read as text: every cell is the exact string between its
 delimiters (no NA words, no numbers, no booleans), so ``NA``, ``007`` and ``9007199254740993`` stay
-what they are; which cells are missing and which columns are numbers is decided per role by
+what they are. A plain CSV (no quote character, no carriage return) is parsed by Arrow straight into
+Arrow strings, in one pass that also finds short or long records (``arrow_csv_cells``); any other file,
+and any file Arrow finds a bad record in, is parsed by pandas as before, whose errors are the ones
+reported — both give the same frame (same cells, same ``str`` dtype); which cells are missing and which columns are numbers is decided per role by
 ``classify`` from the spec. A Parquet file keeps its Arrow schema: every column is held as a pandas
 ``ArrowDtype`` over the Arrow data (nullable integers, NaN distinct from null, dictionaries, decimals,
 dates, timestamps with their time zone).
@@ -92,12 +95,56 @@ def _parse_csv(raw: bytes, source: SourceSpec) -> pd.DataFrame:
         text = text[len(_BOM) :]
         raw = raw[len(_BOM.encode("utf-8")) :]
     names = column_names(text, source)
+    frame = arrow_csv_cells(raw, source, names, skip_header=source.header)
+    if frame is not None:
+        return frame
     try:
         frame = parse_csv_text(text, source, names, skip_header=source.header)
     except pd.errors.EmptyDataError:
         raise InputError(None, "the table has no records") from None
     refuse_short_records(short_records(raw, source, names, skip_header=source.header))
     return frame
+
+
+# pandas' own dtype for ``read_csv(dtype=str)``: Arrow-backed strings whose missing value is NaN.
+_CELL_DTYPE = pd.StringDtype("pyarrow", na_value=float("nan"))
+
+
+def arrow_csv_cells(raw: bytes, source: SourceSpec, names: list[str], skip_header: bool) -> pd.DataFrame | None:
+    """The records of plain CSV bytes as exact cell texts, parsed by Arrow (no Python string per cell);
+    None where the pandas parser must decide.
+
+    Only a plain CSV takes this path: no quote character (so no quoted delimiter, line break or doubled
+    quote, where the two parsers' rules could differ), no carriage return (line ends are ``\n`` only) and
+    at least two columns (pandas skips a line of spaces as blank, which in one column would be a record;
+    with two or more, such a line has too few fields for Arrow and goes to pandas anyway).
+    Every record must have exactly the header's fields and there must be at least one record; otherwise
+    None, and the caller's pandas parse reports the problem in its own words (as before this path existed).
+    Empty lines are skipped by both parsers; every cell, the empty one included, stays text.
+    """
+    if len(names) < 2 or b'"' in raw or b"\r" in raw or source.delimiter in ('"', "\n", "\r"):
+        return None
+    bad_records = 0
+
+    def count_bad(row) -> str:
+        nonlocal bad_records
+        bad_records += 1
+        return "skip"
+
+    try:
+        table = arrow_csv.read_csv(
+            io.BytesIO(raw),
+            read_options=arrow_csv.ReadOptions(column_names=names, skip_rows=1 if skip_header else 0),
+            parse_options=arrow_csv.ParseOptions(delimiter=source.delimiter, quote_char=False, ignore_empty_lines=True,
+                                                 invalid_row_handler=count_bad),
+            convert_options=arrow_csv.ConvertOptions(column_types={name: pa.string() for name in names},
+                                                     strings_can_be_null=False, quoted_strings_can_be_null=False),
+        )
+    except (pa.ArrowInvalid, ValueError):
+        return None
+    if bad_records or table.num_rows == 0:
+        return None
+    return table.to_pandas(types_mapper={pa.string(): _CELL_DTYPE}.get)
 
 
 def decode_text(raw: bytes, offset: int = 0) -> str:

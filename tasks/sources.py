@@ -35,6 +35,7 @@ from kepsilon.flows.spec import SourceFormat, SourceSpec
 from .errors import InputError
 from .ingest import (
     _BOM,
+    arrow_csv_cells,
     arrow_frame,
     column_names,
     dataset_files,
@@ -151,6 +152,9 @@ def read_csv_piece(plan: SourcePlan, piece: Piece, source: SourceSpec) -> tuple[
         text = text[len(_BOM):]
         raw = raw[len(_BOM.encode("utf-8")):]
     names = list(plan.names)
+    frame = arrow_csv_cells(raw, source, names, skip_header)  # a plain CSV, straight into Arrow strings
+    if frame is not None:
+        return frame, []
     try:
         frame = parse_csv_text(text, source, names, skip_header=skip_header)
     except pd.errors.EmptyDataError:
@@ -248,3 +252,36 @@ def read_piece(plan: SourcePlan, piece: Piece, source: SourceSpec) -> tuple[pd.D
     if plan.format == "csv":
         return read_csv_piece(plan, piece, source)
     return read_parquet_piece(plan, piece), []
+
+
+# --------------------------------------------------------------------------- sizing the cluster
+
+_SAMPLE_ROWS = 10_000
+CSV_MEMORY_FACTOR = 1.5  # a CSV piece in Arrow: its text plus each cell's offset
+
+
+def partition_memory_estimate(source: SourceSpec, partitions: int | None) -> int:
+    """The Arrow size of one partition, estimated before the plan without reading the source whole.
+
+    Parquet: the bytes per record of the first ``_SAMPLE_ROWS`` records as Arrow reads them, times the
+    records of a piece (the files' metadata gives the count). CSV: a piece's bytes times
+    ``CSV_MEMORY_FACTOR``. A source that cannot be read gives 0: the plan refuses it by name afterwards.
+    Used to set the local workers' memory limit (``flows/cluster.py``).
+    """
+    path = Path(source.path)
+    try:
+        if source.resolved_format() is SourceFormat.parquet:
+            files = dataset_files(path) if path.is_dir() else [path]
+            total = sum(pq.ParquetFile(file).metadata.num_rows for file in files)
+            if total == 0:
+                return 0
+            first = next(pq.ParquetFile(files[0]).iter_batches(batch_size=_SAMPLE_ROWS), None)
+            if first is None or first.num_rows == 0:
+                return 0
+            pieces = min(partitions or max(1, math.ceil(total / PARQUET_PIECE_ROWS)), total)
+            return int(first.nbytes / first.num_rows * math.ceil(total / pieces))
+        size = path.stat().st_size
+        pieces = partitions or max(1, math.ceil(size / CSV_PIECE_BYTES))
+        return int(size / pieces * CSV_MEMORY_FACTOR)
+    except Exception:  # noqa: BLE001 - any unreadable source: the plan's refusal names the problem
+        return 0

@@ -131,7 +131,25 @@ def parse_numbers(texts: pd.Series, column: str) -> np.ndarray:
     strings = texts.astype(str)
     parses = strings.str.fullmatch(_NUMBER.pattern).to_numpy(dtype=bool, na_value=False)
     refuse_non_numbers(column, int((~parses).sum()))
+    if _arrow_strings(strings) is not None:
+        return _arrow_float64(strings)
     return strings.to_numpy(dtype=object).astype(np.float64)
+
+
+def _arrow_strings(strings: pd.Series) -> pa.ChunkedArray | None:
+    """The Arrow array under an Arrow-backed text column, or None."""
+    array = getattr(strings.array, "_pa_array", None)
+    return array if array is not None and (pa.types.is_string(array.type) or pa.types.is_large_string(array.type)) else None
+
+
+def _arrow_float64(strings: pd.Series) -> np.ndarray:
+    """Plain decimal texts (checked by ``parse_numbers``) as float64, converted by Arrow without a Python
+    string per value. Arrow's parser rounds correctly, as ``float()`` does, so both give the same double;
+    a text Arrow will not take (an overflow to infinity, say) sends the column through ``float()``."""
+    try:
+        return pc.cast(_arrow_strings(strings), pa.float64()).to_numpy()
+    except (pa.ArrowInvalid, pa.ArrowNotImplementedError):
+        return strings.to_numpy(dtype=object).astype(np.float64)
 
 
 def non_number_count(texts: pd.Series) -> int:

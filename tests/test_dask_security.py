@@ -215,7 +215,7 @@ def closed_cluster():
 
     runner = dask_task_runner(Execution(engine="dask", workers=1))
     with dask.config.set(CLOSED_HTTP):
-        cluster = LocalCluster(threads_per_worker=1, **runner.cluster_kwargs)
+        cluster = LocalCluster(**runner.cluster_kwargs)
     try:
         yield cluster
     finally:
