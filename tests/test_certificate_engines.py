@@ -109,6 +109,17 @@ CASES = [
 ]
 
 
+def _rounded(figures):
+    """``figures`` with every float to 12 significant digits (a sum's last bits depend on its order)."""
+    if isinstance(figures, dict):
+        return {key: _rounded(value) for key, value in figures.items()}
+    if isinstance(figures, list | tuple):
+        return [_rounded(value) for value in figures]
+    if isinstance(figures, float):
+        return float(f"{figures:.12g}")
+    return figures
+
+
 @pytest.mark.parametrize("partitions, changes", CASES)
 def test_the_dask_reduction_gives_the_in_memory_figures(tmp_path, partitions, changes):
     spec = make_spec(tmp_path, **changes)
@@ -117,7 +128,8 @@ def test_the_dask_reduction_gives_the_in_memory_figures(tmp_path, partitions, ch
     assert dask["computed"] and memory["computed"]
     for name in ("published", "predicted", "source", "special_uniques"):
         assert "computed" not in dask["risk"][name], dask["risk"][name]
-        assert json.dumps(dask["risk"][name], sort_keys=True) == json.dumps(memory["risk"][name], sort_keys=True), name
+        # Equal up to the order of float sums: the Dask engine adds its groups shard by shard.
+        assert _rounded(dask["risk"][name]) == _rounded(memory["risk"][name]), name
     utility, expected = dask["utility"], memory["utility"]
     assert list(utility["columns"]) == list(expected["columns"])
     for column, measures in expected["columns"].items():
