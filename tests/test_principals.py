@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import subprocess
 import sys
+from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
@@ -80,7 +81,7 @@ def _kid(public: str) -> str:
 
 
 @pytest.fixture
-def people(tmp_path) -> People:
+def people(tmp_path) -> Iterator[People]:
     team = People(tmp_path / "store" / "audit.db")
     yield team
     team.db.close()
