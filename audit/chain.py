@@ -266,7 +266,8 @@ def write_checkpoint(db: sqlite_utils.Database, path: str | Path, signed: Signed
             "created_at": now(),
         }
         if authorised is not None:
-            checkpoint["signature"] = {"payload": signed.payload, "public_key": signed.public_key, "signature": signed.signature}
+            act = authorised.act  # the verified act: `signed` itself, no longer Optional
+            checkpoint["signature"] = {"payload": act.payload, "public_key": act.public_key, "signature": act.signature}
         if database and path.resolve() == Path(database).resolve():
             raise KepsilonError("parameter 'path': the checkpoint must be a file outside the store")
         path.parent.mkdir(parents=True, exist_ok=True)

@@ -355,8 +355,8 @@ def reserve(
         cap = _cap_nano(conn, population_id)
         if cap is None and not is_signed(conn):  # a store with principals takes caps signed by an officer only
             cap = _default_cap(conn, population_id)
-            if cap is None:
-                raise CapMissing(population_id, from_nano(nano))
+        if cap is None:
+            raise CapMissing(population_id, from_nano(nano))
         left = cap - _used_nano(conn, population_id)
         if nano > left:
             raise BudgetExceeded(population_id, from_nano(nano), from_nano(max(left, 0)))

@@ -23,6 +23,7 @@ import json
 import uuid
 from dataclasses import dataclass, field
 from datetime import UTC, datetime, timedelta
+from typing import NoReturn
 
 from kepsilon.tasks.errors import KepsilonError, SpecError
 
@@ -124,6 +125,7 @@ def current_keys(conn) -> dict[str, KeyState]:
 def _apply(keys: dict[str, KeyState], name: str, role: str | None, public_key: str, kid: str, change: str) -> None:
     state = keys.setdefault(kid, KeyState(name=name, public_key=public_key))
     if change == "add" and not state.revoked:
+        assert role is not None  # the principals table's CHECK: an 'add' row always names its role
         state.roles.add(role)
     elif change == "revoke":
         state.revoked = True
@@ -189,7 +191,8 @@ def authorise(conn, act: str, signed: SignedAct | None, fields: dict, by: str | 
     payload = signed.payload if isinstance(signed.payload, dict) else {}
     kid = key_id(signed.public_key)
     state = current_keys(conn).get(kid)
-    _refuse_unless(state is not None, f"the key {kid} is not registered in this audit store")
+    if state is None:
+        _refuse(f"the key {kid} is not registered in this audit store")
     _refuse_unless(not state.revoked, f"the key {kid} of {state.name!r} was revoked")
     _refuse_unless(bool(state.roles & set(ACT_ROLES[act])),
                    f"{state.name!r} holds no role allowed to sign a {ACT_NAMES[act]} ({' or '.join(ACT_ROLES[act])})")
@@ -210,7 +213,11 @@ def authorise(conn, act: str, signed: SignedAct | None, fields: dict, by: str | 
 
 def _refuse_unless(condition: bool, problem: str) -> None:
     if not condition:
-        raise SignatureRefused(f"signature refused: {problem}; nothing was recorded")
+        _refuse(problem)
+
+
+def _refuse(problem: str) -> NoReturn:
+    raise SignatureRefused(f"signature refused: {problem}; nothing was recorded")
 
 
 def _fresh(at) -> bool:
@@ -386,7 +393,7 @@ def check_signatures(conn) -> list[tuple[int, str]]:
         target = principal_rows_by_id.get(row_id) if table == "principals" else None
         first = table == "principals" and target is not None and target[0] == first_principal_seq and not keys
         state = keys.get(kid)
-        if first and target[7] == kid:  # the first admin signs its own registration
+        if first and target is not None and target[7] == kid:  # the first admin signs its own registration
             state = KeyState(name=target[4], public_key=target[6], roles={"admin"})
         problem = _signature_problem(conn, act, table, row_id, signer, kid, payload, payload_text, signature, state, store)
         if problem is None and (table, row_id) in covered:

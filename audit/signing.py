@@ -23,6 +23,7 @@ from pathlib import Path
 from cryptography.exceptions import InvalidSignature, UnsupportedAlgorithm
 from cryptography.hazmat.primitives import serialization
 from cryptography.hazmat.primitives.asymmetric.ed25519 import Ed25519PrivateKey, Ed25519PublicKey
+from cryptography.hazmat.primitives.asymmetric.types import PrivateKeyTypes
 
 from kepsilon import settings
 from kepsilon.tasks.errors import SpecError
@@ -118,6 +119,7 @@ def load_private_key(path: str | Path, parameter: str) -> Ed25519PrivateKey:
         raise SpecError(
             parameter, f"the private key {str(path)!r} can be read by others (mode {stat.S_IMODE(mode):04o}); chmod 600 it"
         )
+    key: PrivateKeyTypes  # either loader's: the OpenSSH one reads a subset of the PEM one's types
     try:
         if data.lstrip().startswith(b"-----BEGIN OPENSSH PRIVATE KEY"):
             key = serialization.load_ssh_private_key(data, password=None)

@@ -49,8 +49,12 @@ def check_release(spec: ReleaseSpec, *, via: str, flow_run_id: str | None = None
     result: dict[str, Any] = {"release_id": spec.release_id, "population_id": spec.population_id, "event_id": None}
     store_ok, _ = verdicts.attempt("audit store", _verify, store)
     # The signer, in a store with principals: the release would be refused without the steward's key.
-    authenticated, operator = verdicts.attempt("operator", release_operator, spec, store) if store_ok else (False, None)
-    operator = operator if authenticated else spec.operator or getpass.getuser()
+    authenticated, signer = verdicts.attempt("operator", release_operator, spec, store) if store_ok else (False, None)
+    if authenticated:
+        assert signer is not None  # release_operator returns a name whenever it passes
+        operator: str = signer
+    else:
+        operator = spec.operator or getpass.getuser()
     read, source = verdicts.attempt("ingest", read_source, spec.source)
     if read and store_ok:
         result["event_id"] = _record_read(spec, source, operator, via, flow_run_id, store)

@@ -159,7 +159,10 @@ def officer_opener(base: str) -> urllib.request.OpenerDirector:
 
     opener = urllib.request.build_opener(urllib.request.HTTPCookieProcessor(http.cookiejar.CookieJar()), _NoRedirect)
     page = opener.open(f"{base}/-/login", timeout=10).read().decode()
-    token = re.search(r'name="csrftoken" value="([^"]+)"', page).group(1)
+    found = re.search(r'name="csrftoken" value="([^"]+)"', page)
+    if found is None:
+        raise RuntimeError("the login page carries no csrftoken field")
+    token = found.group(1)
     form = urllib.parse.urlencode({"csrftoken": token, "username": OFFICER, "password": PASSWORD, "next": "/"}).encode()
     try:
         opener.open(urllib.request.Request(f"{base}/-/login", data=form, method="POST"), timeout=30)
@@ -397,8 +400,8 @@ def main() -> int:
     try:
         wait_until_up(f"{base}/-/login", server)
         visits = {name: path for name, (path, _) in pages.items()} | {"database": "/audit"}
-        doms, asked = Browser(args.chromium, work / "profile").visit(base, visits, shots)
-        report("login", "/-/login", [] if asked else ["the first page did not ask for the officer's login"])
+        doms, login_asked = Browser(args.chromium, work / "profile").visit(base, visits, shots)
+        report("login", "/-/login", [] if login_asked else ["the first page did not ask for the officer's login"])
         for name, (path, expected) in pages.items():
             dom = doms[name]
             problems = page_problems(dom)

@@ -81,7 +81,11 @@ def group_risk_models(sizes: np.ndarray, spec, hierarchies: dict, weight_sums: n
     n = int(sizes.sum())
     population = spec.population
     if population is not None and population.table is not None:
-        table = population_table if population_table is not None else load_population_table(population.table, list(group_labels.columns))
+        if population_table is not None:
+            table = population_table
+        else:
+            assert group_labels is not None, "a population table needs one row of labels per group"
+            table = load_population_table(population.table, list(group_labels.columns))
         sizes_in_population = np.maximum(risk.population_group_sizes(group_labels, table, hierarchies), sizes)
         record_risk = 1.0 / sizes_in_population
         basis = "population table"
@@ -260,7 +264,7 @@ def _dp_utility(spec, dp_plan, frame: pd.DataFrame, source: pd.DataFrame, releas
                                "total_variation": utility.total_variation(frame[column], release[column])}
     group_sizes = risk.group_sizes(release, list(dp_plan.columns))
     suppressed = len(frame) - len(release)
-    report = {
+    report: dict[str, Any] = {
         "columns": columns,
         "correlations": None,  # no column is noised: every number is generalised
         "discernibility": utility.discernibility(group_sizes, suppressed, len(frame)),

@@ -28,6 +28,7 @@ returns figures only.
 from __future__ import annotations
 
 import time
+from typing import Any
 
 import numpy as np
 import pandas as pd
@@ -79,7 +80,7 @@ def source_sketch(classified: pd.DataFrame, spec) -> dict:
     published grid, and its sampling weights' total."""
     begun = time.perf_counter()
     grids = _grids(spec)
-    sketch = {
+    sketch: dict[str, Any] = {
         "as_read": {column: _value_counts(classified[column]) for column in _as_read_columns(spec)},
         "numbers": {column: _number_counts(classified[column], grids[column]) for column in grids},
         "weight_total": None,
@@ -255,7 +256,7 @@ def _utility(spec, hierarchies: dict, sources: list[dict], sketches: list[dict],
             names["e_quasi"], utility.add_moments([s["moments_source"] for s in sketches]),
             utility.add_moments([s["moments_released"] for s in sketches]))
     published = int(written.sizes.sum())
-    report = {
+    report: dict[str, Any] = {
         "columns": ordered,
         "correlations": correlations,
         "discernibility": utility.discernibility(written.sizes, suppressed, published + suppressed),

@@ -64,7 +64,9 @@ class Session:
         """Fill and post the login form; (status, Location) of the answer."""
         status, page = _request(f"{self.base}/-/login?next={urllib.parse.quote(next_path)}", session=self)
         assert status == 200, status
-        token = re.search(rb'name="csrftoken" value="([^"]+)"', page).group(1).decode()
+        found = re.search(rb'name="csrftoken" value="([^"]+)"', page)
+        assert found is not None, "the login page carries no csrftoken field"
+        token = found.group(1).decode()
         form = urllib.parse.urlencode({"csrftoken": token, "username": name, "password": password,
                                        "next": next_path}).encode()
         request = urllib.request.Request(f"{self.base}/-/login", data=form, method="POST")

@@ -184,8 +184,8 @@ def walk_probabilities(table, model, k, beta, epsilon, steps, sensitivity=None) 
     for path, probability in paths.items():
         # Seen: the top, the pivots, and the specialisations of every pivot but the last (whose own
         # would be added at a next step).
-        seen = sorted(set(path) | {node for pivot in path[:-1] for node in specialisations(pivot)})
-        for chosen, p in zip(seen, probabilities(seen, final)):
+        seen_in_order = sorted(set(path) | {node for pivot in path[:-1] for node in specialisations(pivot)})
+        for chosen, p in zip(seen_in_order, probabilities(seen_in_order, final)):
             outputs[path + (chosen,)] = probability * p
     return outputs
 

@@ -16,6 +16,7 @@ import urllib.error
 import urllib.request
 import uuid
 from datetime import UTC, datetime, timedelta
+from typing import Any
 
 import pytest
 
@@ -28,7 +29,7 @@ pytestmark = pytest.mark.server
 SECRET_FIGURE = "linking risk 0.0123456"
 
 
-def _api(env: dict, method: str, path: str, body=None, login: str | None = "session") -> tuple[int, object]:
+def _api(env: dict, method: str, path: str, body=None, login: str | None = "session") -> tuple[int, Any]:
     """One API call; ``login``: "session" for the server's login, None for none, or another string."""
     auth = env["PREFECT_API_AUTH_STRING"] if login == "session" else login
     request = urllib.request.Request(

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import subprocess
 import sys
+from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
@@ -19,7 +20,7 @@ from kepsilon.audit.approvals import ApprovalMissing, approval_fields, approve, 
 from kepsilon.audit.chain import chain_head, write_checkpoint
 from kepsilon.audit.errors import StoreCompromised
 from kepsilon.audit.integrity import check_store, inspect_store
-from kepsilon.audit.ledger import cap_fields, set_cap
+from kepsilon.audit.ledger import CapMissing, cap_fields, release_fields, reserve, set_cap
 from kepsilon.audit.principals import (
     SignatureRefused,
     add_principal,
@@ -80,7 +81,7 @@ def _kid(public: str) -> str:
 
 
 @pytest.fixture
-def people(tmp_path) -> People:
+def people(tmp_path) -> Iterator[People]:
     team = People(tmp_path / "store" / "audit.db")
     yield team
     team.db.close()
@@ -309,3 +310,15 @@ def test_the_cli_sets_up_principals_and_signs_an_approval_as_the_docs_say(tmp_pa
     assert spoof.returncode == 2 and "belongs to 'alice', not to 'carol'" in spoof.stderr
     verify = _kepsilon("audit", "verify", "--format", "json", env=env)
     assert verify.returncode == 0 and '"signatures": "3 signature(s) verified"' in verify.stdout
+
+
+def test_a_signed_store_without_a_cap_refuses_a_reservation_with_cap_missing(people, monkeypatch):
+    # A signed store takes caps only from an officer's signature, never from env KEPSILON_DEFAULT_CAP;
+    # with none set, a signed reservation is refused as "no cap" (it once fell through to a TypeError).
+    monkeypatch.setenv("KEPSILON_DEFAULT_CAP", "5")
+    fields = release_fields("P", 1.0, "key-1", "R1", None, SPEC)
+    before = people.counts()
+    with pytest.raises(CapMissing):
+        reserve(people.db, population_id="P", epsilon=1.0, idempotency_key="key-1", release_id="R1",
+                operator="bob", spec_hash=SPEC, signed=people.act("bob", "release", fields))
+    assert people.counts() == before
