@@ -40,6 +40,7 @@ def release_check(spec: ReleaseSpec, via: str = "flow") -> dict:
 def check_release(spec: ReleaseSpec, *, via: str, flow_run_id: str | None = None) -> dict:
     """The check itself (see the module docstring); ``via``: 'cli' or 'flow', for the advice event."""
     from kepsilon.engine.anonymise import k_anonymise
+    from kepsilon.tasks.certificate import predicted_risk
     from kepsilon.tasks.classify import classify
     from kepsilon.tasks.ingest import read_source
     from kepsilon.tasks.record import release_operator, store_location
@@ -74,6 +75,14 @@ def check_release(spec: ReleaseSpec, *, via: str, flow_run_id: str | None = None
         verdicts.attempt("scratch folder", _check_scratch, spec, source.frame if read else None)
     if partition is not None and store_ok and key is not None:
         result["predicted"] = pre_epsilon_in_memory(verdicts, spec, store, key, table, partition)
+    if partition is not None:
+        # The certificate's risk models on the anonymiser's groups (docs/certificate.md): shown, never a verdict
+        # (they gate only through max_journalist_risk / max_marketer_risk above); one that cannot be computed
+        # is left out, as the certificate leaves it out of a release.
+        try:
+            result["risk"] = predicted_risk(table, partition, spec)
+        except KepsilonError:
+            pass
     if store_ok:
         verdicts.add(_approval_verdict(spec, operator, store))
         verdicts.add(_cap_verdict(spec, key, store))

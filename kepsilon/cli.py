@@ -567,6 +567,10 @@ def check(
         console.print("  " + escape(line), soft_wrap=True, highlight=False)
     for warning in (result.get("predicted") or {}).get("warnings", []):
         console.print(escape(warning), soft_wrap=True, highlight=False)
+    if result.get("risk"):
+        from kepsilon.tasks.certificate import risk_line
+
+        console.print("  " + escape(risk_line(result["risk"])), soft_wrap=True, highlight=False)
     if result.get("event_id") is not None:
         console.print(f"recorded as advice event {result['event_id']} in the audit store; no ε spent", soft_wrap=True)
     style = "bold green" if result["would_publish"] else "bold red"

@@ -132,6 +132,30 @@ def predicted_labels(table, partition) -> pd.DataFrame:
                             partition.hierarchies, partition.levels)
 
 
+def predicted_risk(table, partition, spec) -> dict:
+    """Prosecutor, journalist and marketer risk of the anonymiser's groups, before any noise (``kepsilon check``).
+
+    The groups each kept record would be published in if nothing were suppressed after the noise: an upper
+    bound for the published groups' risk in the method's own mode (suppression only removes records). Uses
+    the spec's population (a table, a sampling fraction, sampling weights) as the certificate does.
+    """
+    weights = _weights(spec, table.frame)
+    population_table = None
+    if spec.population is not None and spec.population.table is not None:
+        population_table = load_population_table(spec.population.table, table.roles["k_quasi"])
+    return risk_models(predicted_labels(table, partition), spec, partition.hierarchies,
+                       None if weights is None else weights[partition.kept], population_table)
+
+
+def risk_line(figures: dict) -> str:
+    """The predicted risk models as one line for the terminal."""
+    prosecutor, journalist = figures["prosecutor"], figures["journalist"]
+    basis = figures.get("population_basis") or "the sample as the population"
+    return (f"risk of the anonymiser's groups before the noise: prosecutor highest {prosecutor['highest']:.3g} "
+            f"(average {prosecutor['average']:.3g}); journalist highest {journalist['highest']:.3g} "
+            f"(average {journalist['average']:.3g}; population: {basis}); marketer {figures['marketer']:.3g}")
+
+
 def refuse_risk_over_limits(table, partition, spec) -> dict | None:
     """Refuse before ε when the anonymiser's groups already exceed ``max_journalist_risk`` or ``max_marketer_risk``.
 

@@ -170,3 +170,35 @@ def test_a_predicted_error_above_half_earns_a_warning_line_without_a_limit(store
     assert figure > 0.5 and verdict(result, "relative error of HEIGHT")["success"] is True
     (warning,) = result["predicted"]["warnings"]
     assert warning.startswith(f"warning: predicted relative error of HEIGHT is {100 * figure:.2f} %")
+
+
+def test_the_check_shows_the_risk_models_of_the_anonymisers_groups_counted_independently(store, synthetic_spec_dict):
+    """Issue 27.1: prosecutor, journalist and marketer risk in `kepsilon check`, before any noise. Recounted
+    here from the anonymiser's own classes: records sharing their published labels form a group; the
+    prosecutor risk of a record is 1/|group|, journalist = prosecutor when the sample is the population
+    (no population declared), marketer = groups / records."""
+    import numpy as np
+
+    from kepsilon.engine.anonymise import k_anonymise
+    from kepsilon.engine.partition import published_labels
+    from kepsilon.tasks.certificate import risk_line
+    from kepsilon.tasks.classify import classify
+    from kepsilon.tasks.ingest import read_source
+
+    spec = parse_spec(synthetic_spec_dict)
+    result = check_release(spec, via="cli")
+    table = classify(read_source(spec.source).frame, spec)
+    partition = k_anonymise(table.frame, spec)
+    kept = table.frame[partition.kept]
+    labels = published_labels(kept[table.roles["k_quasi"]], partition.class_ids[partition.kept],
+                              np.ones(len(kept), dtype=bool), partition.hierarchies, partition.levels)
+    sizes = labels.groupby(list(labels.columns), dropna=False).size().to_numpy()
+    figures = result["risk"]
+    assert figures["prosecutor"]["highest"] == pytest.approx(1 / sizes.min())
+    assert figures["prosecutor"]["average"] == pytest.approx(len(sizes) / sizes.sum())
+    assert figures["journalist"]["highest"] == pytest.approx(figures["prosecutor"]["highest"])
+    assert figures["marketer"] == pytest.approx(len(sizes) / sizes.sum())
+    line = risk_line(figures)
+    assert line.startswith("risk of the anonymiser's groups before the noise: prosecutor highest ")
+    assert f"{1 / sizes.min():.3g}" in line and "marketer" in line
+    assert reservations(store) == 0
