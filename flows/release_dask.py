@@ -58,6 +58,7 @@ from kepsilon.tasks.certificate import write_release_certificate
 from kepsilon.tasks.certificate_dask import (
     PART_SKETCH,
     SOURCE_SKETCH,
+    WRITTEN_GROUPS,
     dask_certificate_task,
     risk_limits_task,
 )
@@ -532,11 +533,12 @@ def _spend_check_stage(spec, key, plan, table, anonymised, coder, reservation, s
     record["columns"] = published_columns(meta, spec.roles.names())
     record["disclosure"] = disclosure_figures(written.sizes, written.matrices(criteria), criteria)
     # Private: the officer's certificate's figures, by reduction over the partitions (tasks/certificate_dask.py).
+    root.write(written, WRITTEN_GROUPS)  # by reference: the groups' counts grow with the groups
     record["certificate"] = dask_certificate_task.submit(
-        spec, root, pieces, pieces, pieces, classes.levels, anonymised.hierarchies, written, coder,
+        spec, root, pieces, pieces, pieces, classes.levels, anonymised.hierarchies, coder,
         record["rows_in"] - int(written.sizes.sum()),
     ).result()
-    for name in (SOURCE_SKETCH, PART_SKETCH, "shard", "shard-classes"):
+    for name in (SOURCE_SKETCH, PART_SKETCH, WRITTEN_GROUPS, "shard", "shard-classes"):
         scratch.remove(name)
     validation = _gate(spec, record, written, coder, criteria, [part.checks for part in published])
     record["checks"] = validation.checks

@@ -287,10 +287,17 @@ def _sample(sketches: list[dict]) -> tuple[pd.DataFrame, pd.DataFrame]:
     return pd.concat(source, ignore_index=True), pd.concat(released, ignore_index=True)
 
 
+WRITTEN_GROUPS = "written-groups"
+"""The scratch name of the published groups' counts (``GroupCounts``) the certificate task reads: passed by
+reference, since they grow with the groups and would otherwise travel inside the task graph."""
+
+
 @task(name="certificate-figures", cache_policy=NO_CACHE, persist_result=False)
 def dask_certificate_task(spec, scratch, source_pieces: int, parts: int, buckets: int, levels: dict | None,
-                          hierarchies: dict, written, coder, suppressed: int) -> dict:
-    """Prefect task: the certificate's figures of a Dask release (reads the shards and sketches from the scratch)."""
+                          hierarchies: dict, coder, suppressed: int) -> dict:
+    """Prefect task: the certificate's figures of a Dask release (reads the shards, the sketches and the
+    published groups, ``WRITTEN_GROUPS``, from the scratch)."""
+    written = scratch.read(WRITTEN_GROUPS)
     return dask_certificate_figures(spec, scratch, source_pieces, parts, buckets, levels, hierarchies, written, coder,
                                     suppressed)
 
