@@ -141,5 +141,7 @@ def test_certificate_fields_name_columns_and_leave_the_spec_hash_alone_when_unse
         parse_spec({**synthetic_spec_dict, "population": {"weight_column": "WEIGHT"}})  # explicit: removed first
     with pytest.raises(SpecError, match="population"):
         parse_spec({**synthetic_spec_dict, "population": {"sampling_fraction": 0.1, "table": "p.csv"}})
-    with pytest.raises(SpecError, match="max_marketer_risk"):
-        parse_spec({**synthetic_spec_dict, "max_marketer_risk": 0.1, "execution": {"engine": "dask"}})
+    # On the Dask engine the gates are computed from the shards (issue 27), so accepted; with sampling weights,
+    # whose per-group sums the Dask engine does not predict, refused by name (tests/test_certificate_engines.py).
+    on_dask = parse_spec({**synthetic_spec_dict, "max_marketer_risk": 0.1, "execution": {"engine": "dask"}})
+    assert on_dask.max_marketer_risk == 0.1
