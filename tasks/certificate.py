@@ -140,9 +140,7 @@ def predicted_risk(table, partition, spec) -> dict:
     the spec's population (a table, a sampling fraction, sampling weights) as the certificate does.
     """
     weights = _weights(spec, table.frame)
-    population_table = None
-    if spec.population is not None and spec.population.table is not None:
-        population_table = load_population_table(spec.population.table, table.roles["k_quasi"])
+    population_table = declared_population_table(spec, table.roles["k_quasi"])
     return risk_models(predicted_labels(table, partition), spec, partition.hierarchies,
                        None if weights is None else weights[partition.kept], population_table)
 
@@ -202,17 +200,9 @@ def certificate_figures(spec, table, partition, kept: pd.DataFrame, class_ids: n
     kept_weights = None if weights is None else weights[partition.kept]
     figures: dict = {"computed": True}
     timings: dict[str, float] = {}
+    timed = timed_attempts(timings)
 
-    def timed(name, compute):
-        begun = time.perf_counter()
-        try:
-            return _attempt(compute)
-        finally:
-            timings[name] = round(time.perf_counter() - begun, 3)
-
-    population_table = None
-    if spec.population is not None and spec.population.table is not None:
-        population_table = load_population_table(spec.population.table, k_quasi)
+    population_table = declared_population_table(spec, k_quasi)
     figures["risk"] = {
         "published": timed("risk_published", lambda: risk_models(aligned[k_quasi], spec, partition.hierarchies,
                                                    None if kept_weights is None else kept_weights[published], population_table)),
@@ -243,17 +233,9 @@ def dp_certificate_figures(spec, frame: pd.DataFrame, dp_plan, release: pd.DataF
     source = frame.iloc[np.asarray(rows, dtype=np.int64)].reset_index(drop=True)
     weights = _weights(spec, frame)
     timings: dict[str, float] = {}
+    timed = timed_attempts(timings)
 
-    def timed(name, compute):
-        begun = time.perf_counter()
-        try:
-            return _attempt(compute)
-        finally:
-            timings[name] = round(time.perf_counter() - begun, 3)
-
-    population_table = None
-    if spec.population is not None and spec.population.table is not None:
-        population_table = load_population_table(spec.population.table, quasi)
+    population_table = declared_population_table(spec, quasi)
     figures: dict = {"computed": True, "mode": "dp", "quasi_identifiers": quasi}
     figures["risk"] = {
         "published": timed("risk_published", lambda: risk_models(release[quasi], spec, dp_plan.hierarchies,
@@ -373,6 +355,26 @@ def utility_report(spec, roles, partition, source_in: pd.DataFrame, source: pd.D
         report["classifier"] = utility.classifier_utility(source[released.columns], released, target, roles["e_quasi"])
         report["classifier"]["seconds"] = round(time.perf_counter() - begun, 3)
     return report
+
+
+def timed_attempts(timings: dict[str, float]):
+    """``timed(name, compute)``: :func:`_attempt` of ``compute``, its seconds kept in ``timings[name]``."""
+
+    def timed(name: str, compute):
+        begun = time.perf_counter()
+        try:
+            return _attempt(compute)
+        finally:
+            timings[name] = round(time.perf_counter() - begun, 3)
+
+    return timed
+
+
+def declared_population_table(spec, columns: list[str]) -> pd.DataFrame | None:
+    """The spec's population table (``population.table``) on ``columns``, or None when it declares none."""
+    if spec.population is None or spec.population.table is None:
+        return None
+    return load_population_table(spec.population.table, columns)
 
 
 def _attempt(compute):

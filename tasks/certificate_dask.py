@@ -40,7 +40,13 @@ from kepsilon.engine.histogram import concat_disjoint
 from kepsilon.engine.partition import TupleClasses, published_labels
 from kepsilon.engine.perturb import public_grid
 
-from .certificate import _attempt, _settings, group_risk_models, load_population_table, source_uniqueness
+from .certificate import (
+    _settings,
+    declared_population_table,
+    group_risk_models,
+    source_uniqueness,
+    timed_attempts,
+)
 
 SOURCE_SKETCH = "certificate-source"  # scratch folder: one sketch per source piece (stage A)
 PART_SKETCH = "certificate-part"  # scratch folder: one sketch per published part (stage D)
@@ -157,22 +163,14 @@ def dask_certificate_figures(spec, scratch, source_pieces: int, parts: int, buck
     settings = _settings(spec)
     k_quasi = [q.column for q in spec.roles.k_quasi]
     timings: dict[str, float] = {}
-
-    def timed(name, compute):
-        begun = time.perf_counter()
-        try:
-            return _attempt(compute)
-        finally:
-            timings[name] = round(time.perf_counter() - begun, 3)
+    timed = timed_attempts(timings)
 
     sources = [scratch.read(SOURCE_SKETCH, piece) for piece in range(source_pieces)]
     sketches = [scratch.read(PART_SKETCH, part) for part in range(parts) if scratch.exists(PART_SKETCH, part)]
     weight_total = None
     if spec.population is not None and spec.population.weight_column is not None:
         weight_total = sum(s["weight_total"] for s in sources)
-    population_table = None
-    if spec.population is not None and spec.population.table is not None:
-        population_table = load_population_table(spec.population.table, k_quasi)
+    population_table = declared_population_table(spec, k_quasi)
 
     def published():
         weight_sums = None
