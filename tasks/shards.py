@@ -26,10 +26,8 @@ from dataclasses import dataclass
 import numpy as np
 import pandas as pd
 
-from kepsilon.engine.anonymise import AnonymisedTuples
+from kepsilon.engine.anonymise import AnonymisedTuples, hierarchies_from_values
 from kepsilon.engine.criteria import criteria_from_value_counts, load_sensitive_hierarchies
-from kepsilon.engine.hierarchy import load_hierarchy
-from kepsilon.engine.hierarchy_builders import build_hierarchy
 from kepsilon.engine.histogram import TupleHistogram, concat_disjoint, merge_histograms, take_tuples
 from kepsilon.engine.mondrian_tree import (
     CutTree,
@@ -145,18 +143,8 @@ class ShardedClasses:
 def hierarchies_of(spec: ReleaseSpec, columns: dict[str, pd.DataFrame]) -> dict:
     """The spec's hierarchies (``anonymise.load_hierarchies``) from each column's distinct values in order of
     first occurrence with their records: what a builder sees of the whole histogram's tuples."""
-    hierarchies = {}
-    for quasi in spec.roles.k_quasi:
-        if quasi.hierarchy is None:
-            continue
-        if isinstance(quasi.hierarchy, str):
-            hierarchies[quasi.column] = load_hierarchy(quasi.hierarchy, quasi.column)
-        else:
-            summary = columns[quasi.column]
-            values = pd.Series(summary["value"], name=quasi.column)
-            hierarchies[quasi.column] = build_hierarchy(quasi.hierarchy, values, quasi.column,
-                                                        summary["records"].to_numpy(dtype=np.int64))
-    return hierarchies
+    return hierarchies_from_values(spec, lambda column: (
+        pd.Series(columns[column]["value"], name=column), columns[column]["records"].to_numpy(dtype=np.int64)))
 
 
 def anonymise_shards(

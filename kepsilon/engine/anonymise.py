@@ -27,6 +27,12 @@ def load_hierarchies(spec, frame: pd.DataFrame, weights: np.ndarray | None = Non
     and its SHA-256 come from the definition alone, so they are as public as a file's. ``frame``
     holds the records, or a histogram's distinct tuples with their record counts as ``weights``.
     """
+    return hierarchies_from_values(spec, lambda column: (frame[column], weights))
+
+
+def hierarchies_from_values(spec, values_of) -> dict[str, Hierarchy]:
+    """:func:`load_hierarchies` where ``values_of(column)`` gives a column's values and their record counts
+    (None: one record each), e.g. each column's distinct values added up over the shards of a histogram."""
     hierarchies = {}
     for quasi in spec.roles.k_quasi:
         if quasi.hierarchy is None:
@@ -34,7 +40,8 @@ def load_hierarchies(spec, frame: pd.DataFrame, weights: np.ndarray | None = Non
         if isinstance(quasi.hierarchy, str):
             hierarchies[quasi.column] = load_hierarchy(quasi.hierarchy, quasi.column)
         else:
-            hierarchies[quasi.column] = build_hierarchy(quasi.hierarchy, frame[quasi.column], quasi.column, weights)
+            values, weights = values_of(quasi.column)
+            hierarchies[quasi.column] = build_hierarchy(quasi.hierarchy, values, quasi.column, weights)
     return hierarchies
 
 
