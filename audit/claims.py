@@ -28,6 +28,7 @@ from collections.abc import Iterator
 from datetime import UTC, datetime
 from pathlib import Path
 
+from kepsilon.audit.private import private_folder
 from kepsilon.tasks.errors import KepsilonError
 
 
@@ -54,9 +55,15 @@ def claim_file(store: str | Path, release_id: str) -> Path:
 
 
 def _open_claim_file(path: Path) -> int:
-    """Open (creating 0600 in a 0700 folder) the claim file; a store folder we cannot write is refused in one line."""
+    """Open (creating 0600 in a 0700 folder) the claim file; a store folder we cannot write is refused in one line.
+
+    The claim is taken before the store is first opened, so on a fresh machine the store's own folder (the
+    default ``./.kepsilon``) does not exist yet: it is made here as the store would make it, 0700 with its
+    parents, and refused, as the store refuses it, when others can write to it.
+    """
+    private_folder(path.parent.parent, "KEPSILON_AUDIT_DB")  # the store's folder
+    private_folder(path.parent, "KEPSILON_AUDIT_DB")  # its claims folder beside the store
     try:
-        path.parent.mkdir(mode=0o700, exist_ok=True)
         return os.open(path, os.O_RDWR | os.O_CREAT | os.O_CLOEXEC, 0o600)
     except OSError as error:
         raise KepsilonError(
