@@ -475,8 +475,8 @@ def special_uniques_of_parts(parts: Sequence[dict], columns: Sequence[str], max_
     by_combo = sorted(((list(combo), int(round(count))) for combo, count in totals.items()),
                       key=lambda item: (-item[1], len(item[0])))
     by_size: dict[str, int] = {}
-    for combo, count in by_combo:
-        by_size[str(len(combo))] = by_size.get(str(len(combo)), 0) + count
+    for combo, total in totals.items():  # by size, smallest first, as the search finds them
+        by_size[str(len(combo))] = by_size.get(str(len(combo)), 0) + int(round(total))
     return {
         "columns": list(columns),
         "max_size": max_size,
