@@ -56,11 +56,11 @@ from kepsilon.flows.spec import ReleaseSpec
 from kepsilon.guarantee import Guarantee
 from kepsilon.tasks.certificate import write_release_certificate
 from kepsilon.tasks.certificate_dask import (
-    PART_SKETCH,
-    SOURCE_SKETCH,
+    CERTIFICATE_SKETCHES,
     WRITTEN_GROUPS,
     dask_certificate_task,
-    risk_limits_task,
+    refuse_risk_over_limits_on_partitions,
+    shard_sketches,
 )
 from kepsilon.tasks.classify import check_roles
 from kepsilon.tasks.errors import SpecError, ValidationFailed
@@ -325,9 +325,9 @@ def _release(spec, plan, key, operator, store, started_at, figures_dir, output_d
     verdicts = Verdicts()
     record["pre_epsilon"] = _pre_epsilon(verdicts, spec, store, key, table, sharded, plan, scratch)
     if spec.max_journalist_risk is not None or spec.max_marketer_risk is not None:
-        # The certificate's optional gates on the anonymiser's groups, on a worker reading the shards.
-        verdicts.attempt("journalist and marketer risk", lambda: risk_limits_task.submit(
-            scratch, len(plan.pieces), classes.levels, anonymised.hierarchies, spec).result())
+        # The certificate's optional gates on the anonymiser's groups, counted by the class partitions.
+        verdicts.attempt("journalist and marketer risk", lambda: refuse_risk_over_limits_on_partitions(
+            spec, scratch, len(plan.pieces), classes.levels, anonymised.hierarchies, _on_cluster))
     coder = GroupCoder.build(spec, anonymised.hierarchies, anonymised.criteria)
 
     record["approval"] = check_approval(spec, operator, store, record)
@@ -534,11 +534,12 @@ def _spend_check_stage(spec, key, plan, table, anonymised, coder, reservation, s
     record["disclosure"] = disclosure_figures(written.sizes, written.matrices(criteria), criteria)
     # Private: the officer's certificate's figures, by reduction over the partitions (tasks/certificate_dask.py).
     root.write(written, WRITTEN_GROUPS)  # by reference: the groups' counts grow with the groups
+    shards_failed = shard_sketches(spec, root, pieces, _on_cluster)
     record["certificate"] = dask_certificate_task.submit(
-        spec, root, pieces, pieces, pieces, classes.levels, anonymised.hierarchies, coder,
-        record["rows_in"] - int(written.sizes.sum()),
+        spec, root, pieces, pieces, pieces, anonymised.hierarchies, coder,
+        record["rows_in"] - int(written.sizes.sum()), shards_failed,
     ).result()
-    for name in (SOURCE_SKETCH, PART_SKETCH, WRITTEN_GROUPS, "shard", "shard-classes"):
+    for name in (*CERTIFICATE_SKETCHES, WRITTEN_GROUPS, "shard", "shard-classes"):
         scratch.remove(name)
     validation = _gate(spec, record, written, coder, criteria, [part.checks for part in published])
     record["checks"] = validation.checks

@@ -529,11 +529,6 @@ class ReleaseSpec(FormModel):
         if self.population is not None and self.population.weight_column is not None:
             if self.population.weight_column not in names["k_quasi"] + names["e_quasi"] + names["sensitive"]:
                 raise SpecError("population.weight_column", "must be a column named in roles (not explicit: those are removed first)")
-        if self.execution.engine == "dask" and self.population is not None and self.population.weight_column is not None:
-            for gate in ("max_journalist_risk", "max_marketer_risk"):
-                if getattr(self, gate) is not None:
-                    raise SpecError(gate, "with sampling weights is checked by the memory engine only (the Dask engine "
-                                          "does not sum weights per predicted group)")
         if self.certificate is not None and self.certificate.utility_target is not None:
             if self.certificate.utility_target not in names["k_quasi"] + names["e_quasi"] + names["sensitive"]:
                 raise SpecError("certificate.utility_target", "must be a released column (k_quasi, e_quasi or sensitive)")

@@ -196,19 +196,26 @@ def certificate_figures(spec, table, partition, kept: pd.DataFrame, class_ids: n
     labels = published_labels(kept[k_quasi], class_ids, published, partition.hierarchies, partition.levels)
     aligned = merge_release_columns(labels, kept, noisy, roles)[published]
     source = kept[published]
-    weights = _weights(spec, table.frame)
-    kept_weights = None if weights is None else weights[partition.kept]
     figures: dict = {"computed": True}
     timings: dict[str, float] = {}
     timed = timed_attempts(timings)
 
+    def weights(rows: np.ndarray | None = None) -> np.ndarray | None:
+        # Inside each figure's attempt: a weight that is not a positive number makes the weighted figures
+        # "not computed" (the pre-ε gates refuse it), it does not fail a release whose ε is spent.
+        values = _weights(spec, table.frame)
+        if values is None or rows is None:
+            return values
+        return values[partition.kept][rows]
+
     population_table = declared_population_table(spec, k_quasi)
     figures["risk"] = {
         "published": timed("risk_published", lambda: risk_models(aligned[k_quasi], spec, partition.hierarchies,
-                                                   None if kept_weights is None else kept_weights[published], population_table)),
+                                                                 weights(published), population_table)),
         "predicted": timed("risk_predicted", lambda: risk_models(predicted_labels(table, partition), spec, partition.hierarchies,
-                                                   kept_weights, population_table)),
-        "source": timed("source_uniqueness", lambda: _source_uniqueness(table.frame, k_quasi, spec, weights, population_table)),
+                                                                 weights(np.ones(int(partition.kept.sum()), dtype=bool)),
+                                                                 population_table)),
+        "source": timed("source_uniqueness", lambda: _source_uniqueness(table.frame, k_quasi, spec, weights(), population_table)),
         "special_uniques": timed("special_uniques", lambda: risk.special_uniques(table.frame, k_quasi, settings.suda_max_size)),
     }
     figures["utility"] = timed("utility", lambda: utility_report(spec, roles, partition, table.frame, source, aligned, labels[published],
@@ -231,17 +238,20 @@ def dp_certificate_figures(spec, frame: pd.DataFrame, dp_plan, release: pd.DataF
     settings = _settings(spec)
     quasi = list(dp_plan.columns)
     source = frame.iloc[np.asarray(rows, dtype=np.int64)].reset_index(drop=True)
-    weights = _weights(spec, frame)
     timings: dict[str, float] = {}
     timed = timed_attempts(timings)
+
+    def weights(positions: np.ndarray | None = None) -> np.ndarray | None:
+        values = _weights(spec, frame)  # inside the attempts, as in :func:`certificate_figures`
+        return values if values is None or positions is None else values[positions]
 
     population_table = declared_population_table(spec, quasi)
     figures: dict = {"computed": True, "mode": "dp", "quasi_identifiers": quasi}
     figures["risk"] = {
         "published": timed("risk_published", lambda: risk_models(release[quasi], spec, dp_plan.hierarchies,
-                                                                 None if weights is None else weights[rows], population_table)),
+                                                                 weights(rows), population_table)),
         "predicted": {"computed": False, "reason": "the DP mode's groups are drawn from the sample, not decided before ε"},
-        "source": timed("source_uniqueness", lambda: _source_uniqueness(frame, quasi, spec, weights, population_table)),
+        "source": timed("source_uniqueness", lambda: _source_uniqueness(frame, quasi, spec, weights(), population_table)),
         "special_uniques": timed("special_uniques", lambda: risk.special_uniques(frame, quasi, settings.suda_max_size)),
     }
     figures["utility"] = timed("utility", lambda: _dp_utility(spec, dp_plan, frame, source, release))
@@ -295,7 +305,14 @@ def _source_uniqueness(frame: pd.DataFrame, k_quasi: list[str], spec, weights, p
 
 def source_uniqueness(sizes: np.ndarray, spec, weight_total: float | None, population_table) -> dict:
     """Population uniqueness of the source's groups of ``sizes`` records (see :func:`_source_uniqueness`)."""
-    records = int(np.asarray(sizes).sum())
+    return source_uniqueness_of_size_counts(risk.size_histogram(sizes), spec, weight_total, population_table)
+
+
+def source_uniqueness_of_size_counts(size_counts: dict[int, int], spec, weight_total: float | None,
+                                     population_table) -> dict:
+    """:func:`source_uniqueness` from the frequency of frequencies of the source's groups (``{size: groups}``),
+    which is all its measures need: the Dask engine adds it up over the shards."""
+    records = int(sum(size * groups for size, groups in size_counts.items()))
     if population_table is not None:
         population_size = int(pd.to_numeric(population_table["count"]).sum())
     elif weight_total is not None:
@@ -306,9 +323,9 @@ def source_uniqueness(sizes: np.ndarray, spec, weight_total: float | None, popul
         population_size = records
     population_size = max(population_size, records)
     return {
-        "groups": int(len(sizes)),
-        "prosecutor": risk.prosecutor_risk(sizes, _settings(spec).risk_threshold),
-        "population_uniqueness": risk.population_uniqueness(sizes, population_size),
+        "groups": int(sum(size_counts.values())),
+        "prosecutor": risk.prosecutor_risk_of_size_counts(size_counts, _settings(spec).risk_threshold),
+        "population_uniqueness": risk.population_uniqueness_of_size_counts(size_counts, population_size),
     }
 
 

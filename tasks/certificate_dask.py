@@ -5,10 +5,16 @@ A Dask release never holds the table in one process, so every figure is rebuilt 
 partitions add up to (docs/certificate.md):
 
 * **risk models**: the published groups' sizes are the gate's recount of the rows written
-  (``GroupCounts``); the predicted groups and the source's groups come from the table's histogram of
-  distinct k-quasi tuples (which the anonymiser works on anyway); SUDA's special uniques run on that
-  histogram with its record counts as weights (``kepsilon.engine.risk.special_uniques``). Sampling
-  weights are summed per published group by the publishing partitions.
+  (``GroupCounts``), their sampling weights summed per group by the publishing partitions (stage D).
+  The predicted groups (the anonymiser's, before the noise) are counted by each class partition,
+  which holds whole classes, with the in-memory path's own labelling, records and weights summed per
+  label combination, then added up (``PREDICTED_SKETCH``). The source's groups (distinct k-quasi
+  tuples) are counted by each shard of the histogram as a frequency of frequencies, all that the
+  uniqueness estimators need. SUDA's special uniques by a shuffle over the shards: each shard sends
+  its records per value combination of every searched column set to the shard that owns the
+  combination's hash, which adds them up and answers which combinations one record holds; each shard
+  then finds its own minimal sample uniques and adds its part of the figures (``SHARD_SKETCH``). No
+  task reads every shard: the reduction reads per-shard and per-partition tables only.
 * **utility**: each source piece (stage A) counts its values of every column released as read and
   its ε-quasis snapped to the published grid; each published part (stage D) counts the released
   values, the (source value, label) pairs of every k-quasi, and the sums Pearson correlations need.
@@ -28,6 +34,7 @@ returns figures only.
 from __future__ import annotations
 
 import time
+from collections.abc import Callable
 from typing import Any
 
 import numpy as np
@@ -36,20 +43,28 @@ from prefect import task
 from prefect.cache_policies import NO_CACHE
 
 from kepsilon.engine import risk, utility
-from kepsilon.engine.histogram import concat_disjoint
-from kepsilon.engine.partition import TupleClasses, published_labels
+from kepsilon.engine.partition import published_labels
 from kepsilon.engine.perturb import public_grid
 
 from .certificate import (
     _settings,
+    check_risk_limits,
     declared_population_table,
     group_risk_models,
-    source_uniqueness,
+    source_uniqueness_of_size_counts,
     timed_attempts,
 )
+from .errors import InputError, SpecError
+
+Each = Callable[[str, Callable, list[tuple]], list]  # as tasks/shards.py: a task per argument tuple
 
 SOURCE_SKETCH = "certificate-source"  # scratch folder: one sketch per source piece (stage A)
 PART_SKETCH = "certificate-part"  # scratch folder: one sketch per published part (stage D)
+PREDICTED_SKETCH = "certificate-predicted"  # scratch folder: the predicted groups of one class partition
+SHARD_SKETCH = "certificate-shard"  # scratch folder: one shard's source group sizes and SUDA part
+PROJECTIONS = "certificate-projections"  # (owner shard, sending shard): records per value combination
+ANSWERS = "certificate-answers"  # (owner shard, sending shard): which of the sent combinations one record holds
+CERTIFICATE_SKETCHES = (SOURCE_SKETCH, PART_SKETCH, PREDICTED_SKETCH, SHARD_SKETCH)  # removed after the figures
 MISSING = "\x00missing"  # a missing value, counted as a value (``utility.total_variation``'s convention)
 SAMPLE_ROWS = int(utility.MAX_TEST_ROWS / 0.2)  # enough for the in-memory caps at a 20 % held-out share
 
@@ -91,11 +106,29 @@ def source_sketch(classified: pd.DataFrame, spec) -> dict:
         "numbers": {column: _number_counts(classified[column], grids[column]) for column in grids},
         "weight_total": None,
     }
-    weight = spec.population.weight_column if spec.population is not None else None
+    weight = _weight_column(spec)
     if weight is not None:
-        sketch["weight_total"] = float(pd.to_numeric(classified[weight], errors="coerce").sum())
+        weights = pd.to_numeric(classified[weight], errors="coerce").to_numpy(dtype=np.float64)
+        sketch["weight_total"] = float(weights.sum())
+        # What ``certificate._weights`` refuses in memory: a weight that is not a positive number.
+        sketch["weight_invalid"] = int((~np.isfinite(weights) | (weights <= 0)).sum())
     sketch["seconds"] = time.perf_counter() - begun
     return sketch
+
+
+def _weight_column(spec) -> str | None:
+    return spec.population.weight_column if spec.population is not None else None
+
+
+def check_weights(spec, sources: list[dict]) -> float | None:
+    """The sampling weights' total over every source piece, or None without a weight column; refuses, as the
+    in-memory path does, a weight that is not a positive number (by column, never by value)."""
+    weight = _weight_column(spec)
+    if weight is None:
+        return None
+    if any(s.get("weight_invalid", 0) for s in sources):
+        raise InputError(weight, "sampling weights must be positive numbers")
+    return float(sum(s["weight_total"] for s in sources))
 
 
 def source_columns(spec) -> list[str]:
@@ -128,7 +161,7 @@ def part_sketch(frame: pd.DataFrame, source: pd.DataFrame, keys: np.ndarray, spe
         "sample_source": sample_source.reset_index(drop=True),
         "sample_released": frame.iloc[:SAMPLE_ROWS].reset_index(drop=True),
     }
-    weight = spec.population.weight_column if spec.population is not None else None
+    weight = _weight_column(spec)
     if weight is not None:
         weights = pd.to_numeric((source if weight in source.columns else frame)[weight], errors="coerce").to_numpy(dtype=np.float64)
         sketch["weight_sums"] = pd.Series(weights).groupby(np.asarray(keys, dtype=np.int64)).sum()
@@ -136,30 +169,203 @@ def part_sketch(frame: pd.DataFrame, source: pd.DataFrame, keys: np.ndarray, spe
     return sketch
 
 
-def histogram_with_classes(scratch, buckets: int, levels: dict | None):
-    """The table's histogram and the anonymiser's class of each tuple, from the shards in the scratch folder.
+# --------------------------------------------------------------------------- predicted groups (class partitions)
 
-    Read on a worker (by the tasks below), never in the flow's process: the shards (``tasks/shards.py``)
-    are disjoint, so their tuples one after the other are the whole histogram, and ``shard-classes`` holds
-    each shard's classes in the shard's order. Every figure computed from it here is order-independent.
-    This one task holds the whole histogram (``docs/dask.md``: a limit at very many distinct tuples).
+
+def predicted_sketch(kept: pd.DataFrame, class_ids: np.ndarray, spec, hierarchies: dict, levels: dict | None) -> dict:
+    """One class partition's predicted groups: per label combination its records and sampling weights' sum.
+
+    A class partition holds whole classes, so each record's label is the in-memory path's
+    (``certificate.predicted_labels``: every kept record published); a label combination may still
+    come from classes of several partitions, hence the reduction by labels (:func:`add_predicted`).
     """
-    shards = [scratch.read("shard", bucket) for bucket in range(buckets)]
-    class_of_tuple = np.concatenate(
-        [scratch.read("shard-classes", bucket)[1] for bucket in range(buckets)] or [np.zeros(0, dtype=np.int64)])
-    return concat_disjoint(shards), TupleClasses(class_of_tuple, pd.DataFrame(), {}, levels)
+    k_quasi = [q.column for q in spec.roles.k_quasi]
+    labels = published_labels(kept[k_quasi], class_ids, np.ones(len(kept), dtype=bool), hierarchies, levels)
+    codes = labels.groupby(k_quasi, sort=False, dropna=False, observed=True).ngroup().to_numpy() if len(labels) else \
+        np.zeros(0, dtype=np.int64)
+    groups = int(codes.max()) + 1 if len(codes) else 0
+    firsts = np.full(groups, len(codes), dtype=np.int64)
+    np.minimum.at(firsts, codes, np.arange(len(codes), dtype=np.int64))
+    weight = _weight_column(spec)
+    weight_sums = None
+    if weight is not None:
+        weights = pd.to_numeric(kept[weight], errors="coerce").to_numpy(dtype=np.float64)
+        weight_sums = np.bincount(codes, weights=weights, minlength=groups)
+    return {"labels": labels.iloc[firsts].reset_index(drop=True), "records": np.bincount(codes, minlength=groups),
+            "weight_sums": weight_sums}
 
 
-def dask_certificate_figures(spec, scratch, source_pieces: int, parts: int, buckets: int, levels: dict | None,
-                             hierarchies: dict, written, coder, suppressed: int) -> dict:
-    """The certificate's figures of a Dask release, from the shards' histogram, the written groups and the sketches.
+def predicted_partition(index: int, pieces: int, scratch, spec, hierarchies: dict, levels: dict | None) -> int:
+    """Before ε: :func:`predicted_sketch` of class partition ``index`` (``shuffle``) into the scratch.
+    Returns its groups' number (no value). Stage C does the same when it finds none."""
+    loaded = [scratch.read("shuffle", index, piece) for piece in range(pieces) if scratch.exists("shuffle", index, piece)]
+    if not loaded:
+        sketch = {"labels": pd.DataFrame(), "records": np.zeros(0, dtype=np.int64), "weight_sums": None}
+    else:
+        sketch = predicted_sketch(pd.concat([frame for frame, _ in loaded]), np.concatenate([ids for _, ids in loaded]),
+                                  spec, hierarchies, levels)
+    scratch.write(sketch, PREDICTED_SKETCH, index)
+    return len(sketch["records"])
+
+
+def add_predicted(sketches: list[dict], k_quasi: list[str]) -> tuple[np.ndarray, pd.DataFrame, np.ndarray | None]:
+    """The partitions' predicted groups added up by label combination: sizes, labels, weight sums."""
+    sketches = [s for s in sketches if len(s["records"])]
+    if not sketches:
+        return np.zeros(0), pd.DataFrame({column: pd.Series([], dtype=str) for column in k_quasi}), None
+    labels = pd.concat([s["labels"] for s in sketches], ignore_index=True)
+    codes = labels.groupby(k_quasi, sort=False, dropna=False, observed=True).ngroup().to_numpy()
+    groups = int(codes.max()) + 1
+    sizes = np.bincount(codes, weights=np.concatenate([s["records"] for s in sketches]), minlength=groups)
+    weight_sums = None
+    if sketches[0]["weight_sums"] is not None:
+        weight_sums = np.bincount(codes, weights=np.concatenate([s["weight_sums"] for s in sketches]), minlength=groups)
+    firsts = np.full(groups, len(codes), dtype=np.int64)
+    np.minimum.at(firsts, codes, np.arange(len(codes), dtype=np.int64))
+    return sizes, labels.iloc[firsts].reset_index(drop=True), weight_sums
+
+
+def predicted_risk_models(spec, scratch, parts: int, source_pieces: int, hierarchies: dict,
+                          population_table: pd.DataFrame | None) -> dict:
+    """The predicted groups' risk models from the class partitions' sketches (``certificate.risk_models`` of
+    ``predicted_labels`` in memory), with the sampling weights checked as the in-memory path checks them."""
+    check_weights(spec, [scratch.read(SOURCE_SKETCH, piece) for piece in range(source_pieces)])
+    k_quasi = [q.column for q in spec.roles.k_quasi]
+    sizes, labels, weight_sums = add_predicted(
+        [scratch.read(PREDICTED_SKETCH, index) for index in range(parts) if scratch.exists(PREDICTED_SKETCH, index)], k_quasi)
+    with_table = population_table is not None or (spec.population is not None and spec.population.table is not None)
+    return group_risk_models(sizes, spec, hierarchies, weight_sums, labels if with_table else None, population_table)
+
+
+def check_predicted_risk(scratch, parts: int, source_pieces: int, hierarchies: dict, spec) -> dict:
+    """``refuse_risk_over_limits`` on the Dask engine (a task on the cluster): the partitions' predicted groups."""
+    return check_risk_limits(predicted_risk_models(spec, scratch, parts, source_pieces, hierarchies, None), spec)
+
+
+def refuse_risk_over_limits_on_partitions(spec, scratch, pieces: int, levels: dict | None, hierarchies: dict,
+                                          each: Each) -> dict | None:
+    """The journalist and marketer gates before ε: each class partition counts its predicted groups on a
+    worker, one task adds them up and checks the limits. None when no gate is set."""
+    if spec.max_journalist_risk is None and spec.max_marketer_risk is None:
+        return None
+    each("predicted-groups", predicted_partition, [(index, pieces, scratch, spec, hierarchies, levels)
+                                                   for index in range(pieces)])
+    (result,) = each("risk-limits", check_predicted_risk, [(scratch, pieces, pieces, hierarchies, spec)])
+    return result
+
+
+# --------------------------------------------------------------------------- the source's groups (shards)
+
+
+def shard_sketches(spec, scratch, buckets: int, each: Each) -> str | None:
+    """The shards' part of the certificate (``SHARD_SKETCH``): each shard's groups' sizes and its part of SUDA's
+    figures, through the shuffle of the module docstring. Returns None, or why the figures could not be
+    made (the certificate then says so: it never fails a release)."""
+    k_quasi = [q.column for q in spec.roles.k_quasi]
+    try:
+        combinations = risk.suda_combinations(k_quasi, _settings(spec).suda_max_size)
+        each("certificate-projections", send_projections, [(scratch, b, combinations, buckets) for b in range(buckets)])
+        each("certificate-uniques", answer_projections, [(scratch, b, combinations, buckets) for b in range(buckets)])
+        each("certificate-shard", shard_sketch, [(scratch, b, spec, combinations, buckets) for b in range(buckets)])
+        return None
+    except (SpecError, InputError) as error:
+        return str(error)
+    except Exception as error:  # noqa: BLE001 - a figure that fails must not fail the release
+        return type(error).__name__
+    finally:
+        scratch.remove(PROJECTIONS)
+        scratch.remove(ANSWERS)
+
+
+def _projections(shard, combination: tuple[str, ...], buckets: int) -> tuple[np.ndarray, pd.DataFrame, np.ndarray, np.ndarray]:
+    """A shard's distinct values on ``combination``: each tuple's projection, the projections, their
+    records, and the shard that owns each projection (by hash, the same in every shard)."""
+    from .shards import tuple_buckets
+
+    columns = list(combination)
+    of_tuple = shard.tuples.groupby(columns, sort=False, dropna=False, observed=True).ngroup().to_numpy() \
+        if len(shard) else np.zeros(0, dtype=np.int64)
+    count = int(of_tuple.max()) + 1 if len(of_tuple) else 0
+    firsts = np.full(count, len(of_tuple), dtype=np.int64)
+    np.minimum.at(firsts, of_tuple, np.arange(len(of_tuple), dtype=np.int64))
+    values = shard.tuples[columns].iloc[firsts].reset_index(drop=True)
+    records = np.bincount(of_tuple, weights=shard.weights, minlength=count)
+    return of_tuple, values, records, tuple_buckets(values, columns, buckets)
+
+
+def send_projections(scratch, bucket: int, combinations: list[tuple[str, ...]], buckets: int) -> int:
+    """Round 1, per shard: its records per value combination of every searched column set, each to the
+    shard owning the combination (``PROJECTIONS``, owner, this shard). Returns the tuples read."""
+    shard = scratch.read("shard", bucket)
+    outgoing: list[dict] = [{} for _ in range(buckets)]
+    for number, combination in enumerate(combinations):
+        _, values, records, owner = _projections(shard, combination, buckets)
+        for target in range(buckets):
+            chosen = owner == target
+            outgoing[target][number] = (values[chosen].reset_index(drop=True), records[chosen])
+    for target in range(buckets):
+        scratch.write(outgoing[target], PROJECTIONS, target, bucket)
+    return len(shard)
+
+
+def answer_projections(scratch, owner: int, combinations: list[tuple[str, ...]], buckets: int) -> int:
+    """Round 2, per owning shard: the records of each combination it owns added up over every sender; each
+    sender is told which of the combinations it sent one record holds (``ANSWERS``, owner, sender)."""
+    received = [scratch.read(PROJECTIONS, owner, sender) for sender in range(buckets)]
+    answers: list[dict] = [{} for _ in range(buckets)]
+    uniques = 0
+    for number, combination in enumerate(combinations):
+        values = pd.concat([part[number][0] for part in received], ignore_index=True)
+        records = np.concatenate([part[number][1] for part in received])
+        codes = values.groupby(list(combination), sort=False, dropna=False, observed=True).ngroup().to_numpy() \
+            if len(values) else np.zeros(0, dtype=np.int64)
+        total = np.bincount(codes, weights=records)
+        one = total[codes] == 1 if len(codes) else np.zeros(0, dtype=bool)
+        uniques += int(one.sum())
+        start = 0
+        for sender, part in enumerate(received):
+            sent = len(part[number][1])
+            answers[sender][number] = one[start:start + sent]
+            start += sent
+    for sender in range(buckets):
+        scratch.write(answers[sender], ANSWERS, owner, sender)
+    return uniques
+
+
+def shard_sketch(scratch, bucket: int, spec, combinations: list[tuple[str, ...]], buckets: int) -> int:
+    """Round 3, per shard: which of its tuples each column set singles out (from the owners' answers), its
+    minimal sample uniques and its part of SUDA's figures, and its groups' sizes (``SHARD_SKETCH``)."""
+    shard = scratch.read("shard", bucket)
+    answers = [scratch.read(ANSWERS, owner, bucket) for owner in range(buckets)]
+    unique_on: dict[tuple[str, ...], np.ndarray] = {}
+    for number, combination in enumerate(combinations):
+        of_tuple, _, _, owner = _projections(shard, combination, buckets)
+        one = np.zeros(len(owner), dtype=bool)
+        for target in range(buckets):
+            one[owner == target] = answers[target][number]  # in the order the projections were sent
+        unique_on[combination] = one[of_tuple]
+    k_quasi = [q.column for q in spec.roles.k_quasi]
+    max_size = _settings(spec).suda_max_size
+    msus = risk.minimal_sample_uniques_given(k_quasi, max_size, unique_on.__getitem__)
+    scratch.write({"sizes": risk.size_histogram(shard.weights) if len(shard) else {},
+                   "suda": risk.special_uniques_part(msus, len(shard), k_quasi, max_size, shard.weights)},
+                  SHARD_SKETCH, bucket)
+    return len(shard)
+
+
+# --------------------------------------------------------------------------- the reduction
+
+
+def dask_certificate_figures(spec, scratch, source_pieces: int, parts: int, buckets: int, hierarchies: dict,
+                             written, coder, suppressed: int, shards_failed: str | None = None) -> dict:
+    """The certificate's figures of a Dask release, from the partitions' and shards' sketches and the written groups.
 
     ``written``: the published groups as recounted from the rows written (``GroupCounts``);
-    ``suppressed``: every record not published. Same structure as ``certificate_figures``; a figure
-    that cannot be computed says so and why, it never fails the release.
+    ``suppressed``: every record not published; ``shards_failed``: why :func:`shard_sketches` could
+    not run, if it could not. Same structure as ``certificate_figures``; a figure that cannot be
+    computed says so and why, it never fails the release.
     """
     started = time.perf_counter()
-    histogram, classes = histogram_with_classes(scratch, buckets, levels)
     settings = _settings(spec)
     k_quasi = [q.column for q in spec.roles.k_quasi]
     timings: dict[str, float] = {}
@@ -167,12 +373,10 @@ def dask_certificate_figures(spec, scratch, source_pieces: int, parts: int, buck
 
     sources = [scratch.read(SOURCE_SKETCH, piece) for piece in range(source_pieces)]
     sketches = [scratch.read(PART_SKETCH, part) for part in range(parts) if scratch.exists(PART_SKETCH, part)]
-    weight_total = None
-    if spec.population is not None and spec.population.weight_column is not None:
-        weight_total = sum(s["weight_total"] for s in sources)
     population_table = declared_population_table(spec, k_quasi)
 
     def published():
+        weight_total = check_weights(spec, sources)
         weight_sums = None
         if weight_total is not None:
             sums = _add_counts([s["weight_sums"] for s in sketches if s["weight_sums"] is not None])
@@ -180,19 +384,24 @@ def dask_certificate_figures(spec, scratch, source_pieces: int, parts: int, buck
         labels = coder.labels(written.keys) if population_table is not None else None
         return group_risk_models(written.sizes, spec, hierarchies, weight_sums, labels, population_table)
 
-    def predicted():
-        if weight_total is not None:
-            return {"computed": False, "reason": "sampling weights are not summed per predicted group on the Dask engine"}
-        sizes, labels = predicted_groups(histogram, classes, hierarchies, k_quasi)
-        return group_risk_models(sizes, spec, hierarchies, None, labels if population_table is not None else None, population_table)
+    def from_shards(name: str, compute) -> dict:
+        if shards_failed is not None:
+            return {"computed": False, "reason": shards_failed}
+        return timed(name, lambda: compute([scratch.read(SHARD_SKETCH, bucket) for bucket in range(buckets)]))
+
+    def source(shards: list[dict]) -> dict:
+        weight_total = check_weights(spec, sources)
+        sizes = risk.add_size_counts([shard["sizes"] for shard in shards])
+        return source_uniqueness_of_size_counts(sizes, spec, weight_total, population_table)
 
     figures: dict = {"computed": True, "engine": "dask"}
     figures["risk"] = {
         "published": timed("risk_published", published),
-        "predicted": timed("risk_predicted", predicted),
-        "source": timed("source_uniqueness", lambda: source_uniqueness(histogram.weights, spec, weight_total, population_table)),
-        "special_uniques": timed("special_uniques", lambda: risk.special_uniques(
-            histogram.tuples[k_quasi], k_quasi, settings.suda_max_size, weights=histogram.weights)),
+        "predicted": timed("risk_predicted", lambda: predicted_risk_models(
+            spec, scratch, parts, source_pieces, hierarchies, population_table)),
+        "source": from_shards("source_uniqueness", source),
+        "special_uniques": from_shards("special_uniques", lambda shards: risk.special_uniques_of_parts(
+            [shard["suda"] for shard in shards], k_quasi, settings.suda_max_size)),
     }
     figures["utility"] = timed("utility", lambda: _utility(spec, hierarchies, sources, sketches, written, suppressed))
     figures["seconds"] = round(time.perf_counter() - started, 3)
@@ -200,32 +409,6 @@ def dask_certificate_figures(spec, scratch, source_pieces: int, parts: int, buck
     # What the partitions spent on the sketches, added up over them (they run in parallel on the workers).
     figures["seconds_in_partitions"] = round(sum(s.get("seconds", 0.0) for s in [*sources, *sketches]), 3)
     return figures
-
-
-def predicted_groups(histogram, classes, hierarchies: dict, k_quasi: list[str]) -> tuple[np.ndarray, pd.DataFrame]:
-    """The anonymiser's groups from the histogram: per group (label combination) its records and labels,
-    each class labelled as it would be published if no record were suppressed later."""
-    kept = classes.class_of_tuple >= 0
-    tuples = histogram.tuples[k_quasi][kept].reset_index(drop=True)
-    labels = published_labels(tuples, classes.class_of_tuple[kept], np.ones(len(tuples), dtype=bool), hierarchies, classes.levels)
-    if not len(labels):
-        return np.zeros(0), labels
-    codes = labels.groupby(k_quasi, sort=False, dropna=False, observed=True).ngroup().to_numpy()
-    sizes = np.bincount(codes, weights=histogram.weights[kept])
-    firsts = pd.Series(np.arange(len(codes))).groupby(codes).first().to_numpy()
-    return sizes, labels.iloc[firsts].reset_index(drop=True)
-
-
-def refuse_risk_over_limits_on_histogram(histogram, classes, hierarchies: dict, spec) -> dict | None:
-    """``refuse_risk_over_limits`` on the Dask engine: the anonymiser's groups from the histogram, before ε."""
-    from .certificate import check_risk_limits
-
-    if spec.max_journalist_risk is None and spec.max_marketer_risk is None:
-        return None
-    k_quasi = [q.column for q in spec.roles.k_quasi]
-    sizes, labels = predicted_groups(histogram, classes, hierarchies, k_quasi)
-    with_table = spec.population is not None and spec.population.table is not None
-    return check_risk_limits(group_risk_models(sizes, spec, hierarchies, None, labels if with_table else None), spec)
 
 
 def _utility(spec, hierarchies: dict, sources: list[dict], sketches: list[dict], written, suppressed: int) -> dict:
@@ -291,22 +474,10 @@ reference, since they grow with the groups and would otherwise travel inside the
 
 
 @task(name="certificate-figures", cache_policy=NO_CACHE, persist_result=False)
-def dask_certificate_task(spec, scratch, source_pieces: int, parts: int, buckets: int, levels: dict | None,
-                          hierarchies: dict, coder, suppressed: int) -> dict:
-    """Prefect task: the certificate's figures of a Dask release (reads the shards, the sketches and the
-    published groups, ``WRITTEN_GROUPS``, from the scratch)."""
+def dask_certificate_task(spec, scratch, source_pieces: int, parts: int, buckets: int, hierarchies: dict, coder,
+                          suppressed: int, shards_failed: str | None = None) -> dict:
+    """Prefect task: the certificate's figures of a Dask release (reads the sketches and the published
+    groups, ``WRITTEN_GROUPS``, from the scratch; never a shard)."""
     written = scratch.read(WRITTEN_GROUPS)
-    return dask_certificate_figures(spec, scratch, source_pieces, parts, buckets, levels, hierarchies, written, coder,
-                                    suppressed)
-
-
-def refuse_risk_over_limits_on_shards(scratch, buckets: int, levels: dict | None, hierarchies: dict, spec) -> dict | None:
-    """``refuse_risk_over_limits_on_histogram`` on the histogram read from the shards (run on a worker)."""
-    histogram, classes = histogram_with_classes(scratch, buckets, levels)
-    return refuse_risk_over_limits_on_histogram(histogram, classes, hierarchies, spec)
-
-
-@task(name="risk-limits", cache_policy=NO_CACHE, persist_result=False)
-def risk_limits_task(scratch, buckets: int, levels: dict | None, hierarchies: dict, spec) -> dict | None:
-    """Prefect task: the journalist and marketer gates before ε, on a worker (the flow never holds the histogram)."""
-    return refuse_risk_over_limits_on_shards(scratch, buckets, levels, hierarchies, spec)
+    return dask_certificate_figures(spec, scratch, source_pieces, parts, buckets, hierarchies, written, coder,
+                                    suppressed, shards_failed)

@@ -59,7 +59,15 @@ from kepsilon.engine.suppress import suppress_records
 from kepsilon.faults import fault_point
 from kepsilon.flows.spec import ReleaseSpec
 
-from .certificate_dask import PART_SKETCH, SOURCE_SKETCH, part_sketch, source_columns, source_sketch
+from .certificate_dask import (
+    PART_SKETCH,
+    PREDICTED_SKETCH,
+    SOURCE_SKETCH,
+    part_sketch,
+    predicted_sketch,
+    source_columns,
+    source_sketch,
+)
 from .classify import NEAR_UNIQUE_MIN_ROWS, NEAR_UNIQUE_RATIO, Findings, classify_findings, refuse_findings
 from .errors import InputError, KepsilonError, SpecError
 from .ingest import refuse_short_records
@@ -433,6 +441,8 @@ def perturb_and_suppress(
     keys = coder.keys(labels)
     codes = [coder.value_codes(number, kept[column]) for number, column in enumerate(coder.sensitive)]
     groups = GroupCounts.count(keys[published], [column[published] for column in codes])
+    if not area.exists(PREDICTED_SKETCH, index):  # the certificate's predicted groups (made before ε with a risk gate)
+        area.write(predicted_sketch(kept, class_ids, spec, hierarchies, levels), PREDICTED_SKETCH, index)
     classes = _class_table(kept, perturbed, class_ids, published, keys, spec)
     errors = _error_sums(kept, perturbed, spec)
     positions = source_positions(kept)

@@ -23,8 +23,12 @@ from kepsilon.engine.perturb import perturb
 from kepsilon.engine.randomness import RecordStreams
 from kepsilon.engine.suppress import suppress_failing_groups, suppress_records
 from kepsilon.flows.spec import ReleaseSpec, parse_spec
-from kepsilon.tasks.certificate import certificate_figures
-from kepsilon.tasks.certificate_dask import dask_certificate_figures
+from kepsilon.tasks.certificate import certificate_figures, refuse_risk_over_limits
+from kepsilon.tasks.certificate_dask import (
+    dask_certificate_figures,
+    refuse_risk_over_limits_on_partitions,
+    shard_sketches,
+)
 from kepsilon.tasks.classify import classify
 from kepsilon.tasks.errors import SpecError
 from kepsilon.tasks.ingest import read_source
@@ -86,8 +90,31 @@ def dask_stage_figures(spec: ReleaseSpec, partitions: int, folder: Path) -> dict
     (staging / DATASET).mkdir(parents=True)
     written = GroupCounts.add([publish_part(q, pieces, root, str(staging), failing, spec, meta, False, len(coder.sensitive)).groups
                                for q in range(pieces)])
-    return dask_certificate_figures(spec, root, pieces, pieces, pieces, classes.levels, anonymised.hierarchies,
+    assert shard_sketches(spec, root, pieces, each_in_turn) is None
+    assert not any((root.path(name)).exists() for name in ("certificate-projections", "certificate-answers"))
+    return dask_certificate_figures(spec, root, pieces, pieces, pieces, anonymised.hierarchies,
                                     written, coder, table.rows - int(written.sizes.sum()))
+
+
+def each_in_turn(name, function, arguments):
+    """``tasks/shards.py``'s ``each`` in this process: ``function(*a)`` for every ``a``, in turn."""
+    return [function(*a) for a in arguments]
+
+
+def dask_stages_to_the_gate(spec: ReleaseSpec, partitions: int, folder: Path) -> dict | None:
+    """The partitioned path's stages up to the class partitions, then the journalist and marketer gates
+    as the Dask flow checks them before ε (each partition counts its predicted groups)."""
+    folder.mkdir(exist_ok=True)
+    root = Scratch.new(folder / "scratch")
+    plan = plan_source(spec.source, partitions)
+    pieces = len(plan.pieces)
+    table = combine_intakes([intake(plan, piece, spec, root) for piece in plan.pieces], spec,
+                            lambda number: distinct_count(root, number, pieces))
+    anonymised, classes = anonymise_in_shards(spec, plan, table, root)
+    columns = [q.column for q in spec.roles.k_quasi]
+    for piece, offset in zip(plan.pieces, table.offsets):
+        distribute(piece.index, offset, root, columns, pieces)
+    return refuse_risk_over_limits_on_partitions(spec, root, pieces, classes.levels, anonymised.hierarchies, each_in_turn)
 
 
 def memory_figures(spec: ReleaseSpec) -> dict:
@@ -106,6 +133,11 @@ CASES = [
     (3, {"confidence": 0.9, "certificate": {"utility_target": "GENDER"}, "population": {"sampling_fraction": 0.1},
          "weight_noised": True}),
     (2, {"algorithm": "ola", "sensitive": [{"column": "RELIGION", "l_diversity": {"l": 2}}, "ICD"]}),
+    # Sampling weights (issue 27): summed per published, predicted and source group over the partitions.
+    (1, {"population": {"weight_column": "HEIGHT"}}),
+    (3, {"population": {"weight_column": "HEIGHT"}, "certificate": {"suda_max_size": 4}}),
+    (4, {"algorithm": "ola", "population": {"weight_column": "WEIGHT", "sampling_fraction": 0.2}, "weight_noised": True}),
+    (5, {"confidence": 0.9, "population": {"weight_column": "HEIGHT"}, "weight_noised": True}),
 ]
 
 
@@ -126,6 +158,11 @@ def test_the_dask_reduction_gives_the_in_memory_figures(tmp_path, partitions, ch
     dask = dask_stage_figures(spec, partitions, tmp_path)
     memory = memory_figures(spec)
     assert dask["computed"] and memory["computed"]
+    weighted = changes.get("population", {}).get("weight_column")
+    for name in ("published", "predicted"):
+        assert dask["risk"][name]["population_basis"] == ("sampling weights" if weighted else
+                                                          memory["risk"][name]["population_basis"])
+    assert dask["risk"]["special_uniques"]["records_with_msu"] > 0  # SUDA's figures are not trivially empty
     for name in ("published", "predicted", "source", "special_uniques"):
         assert "computed" not in dask["risk"][name], dask["risk"][name]
         # Equal up to the order of float sums: the Dask engine adds its groups shard by shard.
@@ -147,7 +184,7 @@ def test_the_dask_reduction_gives_the_in_memory_figures(tmp_path, partitions, ch
         assert utility["correlations"] is expected["correlations"] is None  # one ε-quasi: no pair
     moved = [m for m in expected["columns"].values() if m["kind"] != "generalised"]
     assert any((m.get("total_variation") or m.get("ks") or 0) > 0 for m in moved)  # the figures are not trivially 0
-    if "certificate" in changes:
+    if changes.get("certificate", {}).get("utility_target"):
         classifier = utility["classifier"]
         assert classifier["computed"] and classifier["target"] == "GENDER"
         assert classifier["training_records"] == expected["classifier"]["training_records"] == 3000
@@ -184,10 +221,15 @@ def test_a_dask_release_writes_a_certificate_with_its_figures_that_verifies(clus
 
     store = capped_store(tmp_path, monkeypatch, "test-population")
     execution = {"engine": "dask", "scheduler": cluster.scheduler_address, "partitions": 3}
-    spec = make_spec(tmp_path, execution=execution, max_marketer_risk=0.5, certificate={"utility_target": "GENDER"})
+    # With sampling weights and a gate on them (issue 27: the Dask engine sums the weights per predicted group).
+    spec = make_spec(tmp_path, execution=execution, max_marketer_risk=0.5, certificate={"utility_target": "GENDER"},
+                     population={"weight_column": "HEIGHT"})
     record = governed_release(spec)
     figures = record["certificate"]
     assert figures["computed"] and figures["engine"] == "dask"
+    for name in ("published", "predicted"):
+        assert figures["risk"][name]["population_basis"] == "sampling weights"
+    assert figures["risk"]["special_uniques"]["records"] == record["rows_in"]
     data = pq.read_table(Path(record["output_dir"]) / "data.parquet").to_pandas()
     groups = data.groupby([q.column for q in spec.roles.k_quasi], dropna=False).size().to_numpy()
     published = figures["risk"]["published"]
@@ -221,11 +263,48 @@ def test_a_marketer_gate_on_dask_refuses_before_any_reservation(cluster, tmp_pat
     assert remaining(store, "test-population") == pytest.approx(5.0)
 
 
-def test_the_dask_gates_with_sampling_weights_are_refused_by_name(tmp_path):
+@pytest.mark.parametrize("partitions", [1, 2, 4])
+def test_the_dask_gates_with_sampling_weights_check_the_in_memory_figures(tmp_path, partitions):
+    weights = {"population": {"weight_column": "HEIGHT"}}
+    spec = make_spec(tmp_path, execution={"engine": "dask"}, max_journalist_risk=0.9, max_marketer_risk=0.9, **weights)
+    memory = _memory_gate(spec)
+    dask = dask_stages_to_the_gate(spec, partitions, tmp_path / "pass")
+    assert dask["population_basis"] == memory["population_basis"] == "sampling weights"
+    assert _rounded(dask) == _rounded(memory)
+    # Sampling weights of about 170 people a record: the journalist risk is far below the prosecutor's.
+    assert dask["journalist"]["highest"] < dask["prosecutor"]["highest"] / 10
+    limit = dask["journalist"]["highest"] * 0.99  # just under the figure: both engines refuse, before ε
+    strict = make_spec(tmp_path, execution={"engine": "dask"}, max_journalist_risk=limit, **weights)
     with pytest.raises(SpecError, match="max_journalist_risk"):
-        make_spec(tmp_path, execution={"engine": "dask"}, max_journalist_risk=0.1,
-                  population={"weight_column": "HEIGHT"})
-    make_spec(tmp_path, execution={"engine": "dask"}, max_journalist_risk=0.1)  # without weights: accepted
+        _memory_gate(strict)
+    with pytest.raises(SpecError, match="max_journalist_risk"):
+        dask_stages_to_the_gate(strict, partitions, tmp_path / "refuse")
+
+
+def test_a_weight_column_that_is_not_numbers_is_refused_alike_on_both_engines(tmp_path):
+    from kepsilon.tasks.errors import InputError
+
+    spec = make_spec(tmp_path, execution={"engine": "dask"}, max_marketer_risk=0.9, population={"weight_column": "ICD"})
+    with pytest.raises(InputError) as in_memory:
+        _memory_gate(spec)
+    with pytest.raises(InputError) as on_dask:
+        dask_stages_to_the_gate(spec, 3, tmp_path)
+    assert str(on_dask.value) == str(in_memory.value) == "column 'ICD': sampling weights must be positive numbers"
+
+
+def test_weights_that_are_not_numbers_leave_the_weighted_figures_not_computed_alike_on_both_engines(tmp_path):
+    """After ε a figure never fails the release: the weighted rows say why, in the same words on both engines."""
+    spec = make_spec(tmp_path, population={"weight_column": "ICD"})
+    dask, memory = dask_stage_figures(spec, 2, tmp_path), memory_figures(spec)
+    reason = {"computed": False, "reason": "column 'ICD': sampling weights must be positive numbers"}
+    for name in ("published", "predicted", "source"):
+        assert dask["risk"][name] == memory["risk"][name] == reason, name
+    assert _rounded(dask["risk"]["special_uniques"]) == _rounded(memory["risk"]["special_uniques"])
+
+
+def _memory_gate(spec: ReleaseSpec) -> dict | None:
+    table = classify(read_source(spec.source).frame, spec)
+    return refuse_risk_over_limits(table, k_anonymise(table.frame, spec), spec)
 
 
 @pytest.mark.flow

@@ -508,3 +508,7 @@ def test_a_fine_grained_release_ships_no_large_graph_and_the_flow_never_builds_t
     assert record["rows_published"] > 0
     assert [str(w.message) for w in caught if "large graph" in str(w.message)] == []
     assert calls == []
+    # The certificate's risk rows, reduced over the shards and partitions, computed on these ~30k distinct tuples.
+    for name in ("published", "predicted", "source", "special_uniques"):
+        assert "computed" not in record["certificate"]["risk"][name], name
+    assert record["certificate"]["risk"]["special_uniques"]["records"] == record["rows_in"]

@@ -238,3 +238,37 @@ def test_special_uniques_on_a_histogram_equal_those_on_its_records(seed):
     assert on_histogram["score_mean"] == pytest.approx(on_records.pop("score_mean"))
     assert {k: v for k, v in on_histogram.items() if k != "score_mean"} == on_records
     assert on_records["records_with_msu"] > 0 and len(histogram) < len(records)
+
+
+@pytest.mark.parametrize("seed", [7, 8])
+def test_special_uniques_added_up_over_parts_of_rows_equal_those_of_the_whole(seed):
+    """The Dask engine's split: each part finds its MSUs from uniqueness over the whole table, the parts'
+    figures are added up; a record-by-record count of uniqueness here, not the engine's."""
+    rng = np.random.default_rng(seed)
+    records = pd.DataFrame({c: rng.choice(list("abcdefgh")[: 3 + 2 * i], 150) for i, c in enumerate("wxyz")})
+    whole = risk.special_uniques(records, list("wxyz"), max_size=3, top=50)
+    cuts = np.sort(rng.choice(np.arange(1, 150), 3, replace=False))
+    parts = []
+    for rows in np.split(np.arange(150), cuts):
+        def unique_on(combo, rows=rows):
+            keys = [tuple(row) for row in records[list(combo)].itertuples(index=False)]
+            counts = Counter(keys)
+            return np.array([counts[keys[i]] == 1 for i in rows])
+        msus = risk.minimal_sample_uniques_given(list("wxyz"), 3, unique_on)
+        parts.append(risk.special_uniques_part(msus, len(rows), list("wxyz"), 3))
+    assert risk.special_uniques_of_parts(parts, list("wxyz"), 3, top=50) == whole
+    assert whole["records_with_msu"] > 0
+
+
+def test_risk_from_the_frequency_of_frequencies_equals_the_groups():
+    rng = np.random.default_rng(3)
+    sizes = rng.integers(1, 9, 400)
+    halves = [risk.size_histogram(sizes[:170]), risk.size_histogram(sizes[170:])]
+    counts = risk.add_size_counts(halves)
+    assert counts == risk.size_histogram(sizes) and list(counts) == sorted(counts)
+    by_group, by_count = risk.prosecutor_risk(sizes, 0.3), risk.prosecutor_risk_of_size_counts(counts, 0.3)
+    assert by_count["highest"] == by_group["highest"] == 1.0
+    assert by_count["records_at_risk"] == by_group["records_at_risk"] == sizes[sizes < 1 / 0.3].sum() / sizes.sum()
+    assert by_count["average"] == pytest.approx(len(sizes) / sizes.sum(), rel=1e-15)
+    assert risk.population_uniqueness_of_size_counts(counts, 20 * int(sizes.sum())) == \
+        risk.population_uniqueness(sizes, 20 * int(sizes.sum()))

@@ -141,7 +141,10 @@ def test_certificate_fields_name_columns_and_leave_the_spec_hash_alone_when_unse
         parse_spec({**synthetic_spec_dict, "population": {"weight_column": "WEIGHT"}})  # explicit: removed first
     with pytest.raises(SpecError, match="population"):
         parse_spec({**synthetic_spec_dict, "population": {"sampling_fraction": 0.1, "table": "p.csv"}})
-    # On the Dask engine the gates are computed from the shards (issue 27), so accepted; with sampling weights,
-    # whose per-group sums the Dask engine does not predict, refused by name (tests/test_certificate_engines.py).
+    # On the Dask engine the gates are computed by the class partitions (issue 27), with sampling weights too
+    # (tests/test_certificate_engines.py compares their figures with the memory engine's).
     on_dask = parse_spec({**synthetic_spec_dict, "max_marketer_risk": 0.1, "execution": {"engine": "dask"}})
     assert on_dask.max_marketer_risk == 0.1
+    weighted = parse_spec({**synthetic_spec_dict, "max_journalist_risk": 0.1, "execution": {"engine": "dask"},
+                           "population": {"weight_column": "HEIGHT"}})
+    assert weighted.population.weight_column == "HEIGHT" and weighted.max_journalist_risk == 0.1

@@ -72,6 +72,24 @@ def prosecutor_risk(sizes, threshold: float = DEFAULT_THRESHOLD) -> dict:
     return record_risk_summary(sizes, 1.0 / np.maximum(sizes, 1), threshold)
 
 
+def prosecutor_risk_of_size_counts(size_counts: dict[int, int], threshold: float = DEFAULT_THRESHOLD) -> dict:
+    """:func:`prosecutor_risk` from the frequency of frequencies (``{size: groups of that size}``, what
+    :func:`size_histogram` returns and what partitions add up to) instead of one size per group."""
+    sizes = np.array(sorted(size_counts), dtype=np.float64)
+    groups = np.array([size_counts[int(size)] for size in sizes], dtype=np.float64)
+    return record_risk_summary(sizes * groups, 1.0 / np.maximum(sizes, 1), threshold)
+
+
+def add_size_counts(parts: Sequence[dict[int, int]]) -> dict[int, int]:
+    """Frequencies of frequencies of disjoint sets of groups, added up, by increasing size as
+    :func:`size_histogram` lists them (the estimators' float sums then run in one order)."""
+    total: dict[int, int] = {}
+    for part in parts:
+        for size, groups in part.items():
+            total[int(size)] = total.get(int(size), 0) + int(groups)
+    return dict(sorted(total.items()))
+
+
 def journalist_risk(sizes, population_sizes, threshold: float = DEFAULT_THRESHOLD) -> dict:
     """Journalist risk when each group's population size ``F_j`` is known (a population table).
 
@@ -284,10 +302,15 @@ def population_uniqueness(sizes, population: int) -> dict:
     converge); above, the smaller of Zayatz and SNB (Zayatz when SNB does not converge).
     """
     sizes = _sizes(sizes)
-    sample = int(sizes.sum())
+    return population_uniqueness_of_size_counts(size_histogram(sizes) if sizes.sum() else {}, population)
+
+
+def population_uniqueness_of_size_counts(histogram: dict[int, int], population: int) -> dict:
+    """:func:`population_uniqueness` from the frequency of frequencies (``{size: groups}``): every
+    estimator here needs only that, so partitions can count their groups' sizes and add them up."""
+    sample = int(sum(size * count for size, count in histogram.items()))
     if population < sample:
         raise SpecError("population.size", "must be at least the number of records")
-    histogram = size_histogram(sizes) if sample else {}
     fraction = sample / population if population else 1.0
     estimates: dict[str, float | None]
     value: float | None
@@ -345,16 +368,32 @@ def minimal_sample_uniques(
     every tuple that agrees with it there add up to one, so only tuples of weight 1 can be flagged.
     """
     columns = list(columns)
+    codes = {c: pd.factorize(frame[c], use_na_sentinel=False)[0].astype(np.int64) for c in columns}
+    n = len(frame)
+    return minimal_sample_uniques_given(columns, max_size, lambda combo: _unique_rows([codes[c] for c in combo], n, weights))
+
+
+def suda_combinations(columns: Sequence[str], max_size: int) -> list[tuple[str, ...]]:
+    """The column combinations SUDA searches, smallest first (the order its figures list them in)."""
     if max_size < 1:
         raise SpecError("suda_max_size", "must be at least 1")
-    codes = {c: pd.factorize(frame[c], use_na_sentinel=False)[0].astype(np.int64) for c in columns}
+    columns = list(columns)
+    return [combo for size in range(1, min(max_size, len(columns)) + 1) for combo in combinations(columns, size)]
+
+
+def minimal_sample_uniques_given(
+    columns: Sequence[str], max_size: int, unique_on
+) -> dict[tuple[str, ...], np.ndarray]:
+    """:func:`minimal_sample_uniques` with uniqueness told by ``unique_on(combination)`` (per row: whether
+    the records sharing its values there are one). A partition of a histogram can answer that from
+    counts added up over every partition (``tasks/certificate_dask.py``), then find its own MSUs."""
+    searched = suda_combinations(columns, max_size)  # refuses a max_size below 1
     unique_at: dict[tuple[str, ...], np.ndarray] = {}
     found: dict[tuple[str, ...], np.ndarray] = {}
-    n = len(frame)
     for size in range(1, min(max_size, len(columns)) + 1):
         current: dict[tuple[str, ...], np.ndarray] = {}
-        for combo in combinations(columns, size):
-            unique = _unique_rows([codes[c] for c in combo], n, weights)
+        for combo in [c for c in searched if len(c) == size]:
+            unique = np.asarray(unique_on(combo), dtype=bool)
             current[combo] = unique
             minimal = unique.copy()
             if size > 1:
@@ -403,25 +442,51 @@ def special_uniques(frame: pd.DataFrame, columns: Sequence[str], max_size: int =
     figure is then the one the records themselves would give.
     """
     msus = minimal_sample_uniques(frame, columns, max_size, weights)
-    scores = suda_scores(msus, len(frame), len(columns), max_size)
-    per_row = np.ones(len(frame)) if weights is None else np.asarray(weights, dtype=np.float64)
-    records = int(round(per_row.sum()))
-    by_combo = sorted(((list(combo), int(round(per_row[mask].sum()))) for combo, mask in msus.items()),
+    part = special_uniques_part(msus, len(frame), columns, max_size, weights)
+    return special_uniques_of_parts([part], columns, max_size, top)
+
+
+def special_uniques_part(msus: dict[tuple[str, ...], np.ndarray], rows: int, columns: Sequence[str], max_size: int,
+                         weights: np.ndarray | None = None) -> dict:
+    """What :func:`special_uniques` adds up over rows, for some of them (a shard of a histogram): records,
+    records per MSU combination, records with an MSU, the largest score and the record-weighted score sum."""
+    scores = suda_scores(msus, rows, len(columns), max_size)
+    per_row = np.ones(rows) if weights is None else np.asarray(weights, dtype=np.float64)
+    return {
+        "records": float(per_row.sum()),
+        "by_combo": {combo: float(per_row[mask].sum()) for combo, mask in msus.items()},
+        "records_with_msu": float(per_row[scores > 0].sum()),
+        "score_max": float(scores.max()) if len(scores) else 0.0,
+        "score_sum": float((scores * per_row).sum()),
+    }
+
+
+def special_uniques_of_parts(parts: Sequence[dict], columns: Sequence[str], max_size: int, top: int = 10) -> dict:
+    """:func:`special_uniques`' figures from its parts (:func:`special_uniques_part`) of disjoint rows.
+
+    Record counts and score sums are integers held as floats (exact below 2^53), so the figures do
+    not depend on how the rows were split."""
+    records = int(round(sum(part["records"] for part in parts)))
+    totals: dict[tuple[str, ...], float] = {}
+    for combo in suda_combinations(columns, max_size):  # the search's order: ties listed as one table lists them
+        found = [part["by_combo"][combo] for part in parts if combo in part["by_combo"]]
+        if found:
+            totals[combo] = sum(found)
+    by_combo = sorted(((list(combo), int(round(count))) for combo, count in totals.items()),
                       key=lambda item: (-item[1], len(item[0])))
     by_size: dict[str, int] = {}
-    for combo, mask in msus.items():
-        by_size[str(len(combo))] = by_size.get(str(len(combo)), 0) + int(round(per_row[mask].sum()))
-    flagged = scores > 0
+    for combo, total in totals.items():  # by size, smallest first, as the search finds them
+        by_size[str(len(combo))] = by_size.get(str(len(combo)), 0) + int(round(total))
     return {
         "columns": list(columns),
         "max_size": max_size,
         "records": records,
-        "records_with_msu": int(round(per_row[flagged].sum())),
+        "records_with_msu": int(round(sum(part["records_with_msu"] for part in parts))),
         "msus_by_size": by_size,
         "combinations": [{"columns": combo, "records": count} for combo, count in by_combo[:top]],
         "combinations_total": len(by_combo),
-        "score_max": float(scores.max()) if len(scores) else 0.0,
-        "score_mean": float((scores * per_row).sum() / records) if records else 0.0,
+        "score_max": max((part["score_max"] for part in parts), default=0.0),
+        "score_mean": float(sum(part["score_sum"] for part in parts) / records) if records else 0.0,
     }
 
 
