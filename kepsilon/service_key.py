@@ -23,12 +23,9 @@ from kepsilon import settings
 ENV_SERVICE_KEY = "KEPSILON_SERVICE_KEY"
 
 
-class ServiceKeyRefused(Exception):
-    """The service key cannot sign this store's releases; the message is one line naming the setting."""
-
-
 def service_principal(store: Path, key: Path | None) -> str:
-    """Whom the deployment's runs will act as, in one line; raises ``ServiceKeyRefused`` when the key cannot sign.
+    """Whom the deployment's runs will act as, in one line; raises ``SpecError`` naming KEPSILON_SERVICE_KEY (one
+    line) when the key cannot sign.
 
     Only public facts are read: the store's principals and the key's public half (the key id, never key material).
     """
@@ -41,10 +38,7 @@ def service_principal(store: Path, key: Path | None) -> str:
     state = None
     public = None
     if key is not None:
-        try:
-            public = public_key_text(load_private_key(key, ENV_SERVICE_KEY).public_key())
-        except SpecError as refusal:
-            raise ServiceKeyRefused(str(refusal)) from None
+        public = public_key_text(load_private_key(key, ENV_SERVICE_KEY).public_key())
     if store.exists():
         db = open_store(store)
         try:
@@ -58,14 +52,14 @@ def service_principal(store: Path, key: Path | None) -> str:
                     "and UI-launched releases will be refused before ε (docs/identity.md)")
         return "scheduled and UI-launched releases are attributed by name (the audit store has no principals)"
     if not signed:
-        raise ServiceKeyRefused(
-            f"{ENV_SERVICE_KEY}: the audit store {str(store)!r} has no principals, so nobody could check the service key's "
+        raise SpecError(
+            ENV_SERVICE_KEY, f"the audit store {str(store)!r} has no principals, so nobody could check the service key's "
             "signature; register it first (kepsilon audit init, then kepsilon audit principal add … --role steward)"
         )
     if state is None or state.revoked or "steward" not in state.roles:
         why = "is not registered" if state is None else "was revoked" if state.revoked else "holds no steward role"
-        raise ServiceKeyRefused(
-            f"{ENV_SERVICE_KEY}: the service key {key_id(public)} {why} in the audit store; register it with "
+        raise SpecError(
+            ENV_SERVICE_KEY, f"the service key {key_id(public)} {why} in the audit store; register it with "
             "`kepsilon audit principal add NAME --role steward --public-key FILE.pub` (docs/identity.md)"
         )
     return f"scheduled and UI-launched releases act as the service principal {state.name!r} (steward, key {key_id(public)})"
@@ -81,7 +75,7 @@ def _main(argv: list[str]) -> int:
     configured = settings.current().service_key
     try:
         print(service_principal(store_path().resolve(), Path(configured) if configured is not None else None), file=sys.stderr)
-    except (ServiceKeyRefused, SpecError) as refusal:
+    except SpecError as refusal:
         print(f"error: {refusal}", file=sys.stderr)
         return 2
     return 0
