@@ -21,13 +21,13 @@ from __future__ import annotations
 
 import sqlite3
 import subprocess
-from pathlib import Path
 
 import psutil
 import pytest
 
 from kepsilon.audit.signing import key_id, public_key_text
 
+from .conftest import ROOT
 from .test_prefect_ui import CHROMIUM, Served, submit_form
 
 pytestmark = [pytest.mark.server, pytest.mark.heavy]
@@ -60,6 +60,40 @@ class ServedAsServicePrincipal(Served):
             return (conn.execute("SELECT COUNT(*) FROM ledger WHERE kind = 'reserve'").fetchone()[0],
                     conn.execute("SELECT COUNT(*) FROM sealed_seeds").fetchone()[0])
 
+    def record(self, flow_run_id: str) -> dict:
+        """The store's one record of a flow run: release id, outcome, operator, reservation, why it stopped."""
+        with self.store() as conn:
+            conn.row_factory = sqlite3.Row
+            rows = conn.execute(
+                "SELECT release_id, outcome, operator, reservation_id, failure_reason FROM releases WHERE flow_run_id = ?",
+                (flow_run_id,),
+            ).fetchall()
+        assert len(rows) == 1, f"{len(rows)} records of run {flow_run_id}:\n" + (self.private / "serve.log").read_text()[-3000:]
+        return dict(rows[0])
+
+    def reservations(self, release_id: str) -> list[tuple]:
+        """The release's reservations: (actor, signer, key id, nano-ε)."""
+        with self.store() as conn:
+            return conn.execute(
+                "SELECT l.actor, s.signer, s.key_id, l.nano_epsilon FROM ledger l "
+                "JOIN signatures s ON s.table_name = 'ledger' AND s.row_id = l.id WHERE l.kind = 'reserve' AND l.release_id = ?",
+                (release_id,),
+            ).fetchall()
+
+    def service_key_id(self) -> str:
+        from kepsilon.audit.signing import load_private_key
+
+        return key_id(public_key_text(load_private_key(self.keys["svc-prefect"], "test").public_key()))
+
+    def verify(self) -> subprocess.CompletedProcess:
+        """`kepsilon audit verify --format json` over the store, as an officer runs it."""
+        return subprocess.run([str(ROOT / ".venv" / "bin" / "kepsilon"), "audit", "verify", "--format", "json"],
+                              cwd=self.project, env=self.env, capture_output=True, text=True, timeout=120)
+
+    def release_form(self) -> str:
+        """The release deployment's "Custom run" page (V2)."""
+        return f"{self.base}/v2/deployments/deployment/{self.deployment_id('release')}/run"
+
     def environments(self) -> dict[str, dict[str, str]]:
         """The process environment of make serve's Prefect server and worker (read from /proc)."""
         assert self.process is not None
@@ -82,21 +116,6 @@ def served(tmp_path_factory):
         server.stop()
 
 
-def _release_form(served: Served) -> str:
-    return f"{served.base}/v2/deployments/deployment/{served.deployment_id('release')}/run"
-
-
-def _record(served: ServedAsServicePrincipal, flow_run_id: str) -> dict:
-    with served.store() as conn:
-        conn.row_factory = sqlite3.Row
-        rows = conn.execute(
-            "SELECT release_id, outcome, operator, reservation_id, failure_reason FROM releases WHERE flow_run_id = ?",
-            (flow_run_id,),
-        ).fetchall()
-    assert len(rows) == 1, f"{len(rows)} records of run {flow_run_id}:\n" + (served.private / "serve.log").read_text()[-3000:]
-    return dict(rows[0])
-
-
 @pytest.mark.skipif(not CHROMIUM, reason="needs Debian's chromium")
 def test_an_untouched_ui_run_is_signed_by_the_service_principal_whose_key_only_the_worker_holds(served):
     log = (served.private / "serve.log").read_text()
@@ -109,37 +128,26 @@ def test_an_untouched_ui_run_is_signed_by_the_service_principal_whose_key_only_t
         assert variable not in processes["server"]
 
     before = served.spent()
-    run_id = submit_form(_release_form(served), [], served.login)
+    run_id = submit_form(served.release_form(), [], served.login)
     served.wait_final(run_id)
-    record = _record(served, run_id)
+    record = served.record(run_id)
     assert (record["outcome"], record["operator"]) == ("published", "svc-prefect"), record
-    with served.store() as conn:
-        signed = conn.execute(
-            "SELECT l.actor, s.signer, s.key_id, l.nano_epsilon FROM ledger l JOIN signatures s ON s.table_name = 'ledger' AND s.row_id = l.id "
-            "WHERE l.kind = 'reserve' AND l.release_id = ?", (record["release_id"],),
-        ).fetchall()
-    service_key = public_key_text(_private_key(served.keys["svc-prefect"]).public_key())
-    assert signed == [("svc-prefect", "svc-prefect", key_id(service_key), 10**9)]  # ε = 1 reserved once, by the service key
+    # ε = 1 reserved once, by the service principal, signed with its key
+    assert served.reservations(record["release_id"]) == [("svc-prefect", "svc-prefect", served.service_key_id(), 10**9)]
     assert served.spent() == (before[0] + 1, before[1] + 1)
     assert (served.project / "out" / record["release_id"] / "manifest.json").exists()
-    verify = subprocess.run([str(served.project / ".venv" / "bin" / "kepsilon"), "audit", "verify", "--format", "json"], cwd=served.project,
-                            env=served.env, capture_output=True, text=True, timeout=120)
+    verify = served.verify()
     assert verify.returncode == 0 and "signature(s) verified" in verify.stdout, verify.stdout + verify.stderr
 
 
 @pytest.mark.skipif(not CHROMIUM, reason="needs Debian's chromium")
 def test_an_operator_spoofed_through_the_run_form_is_refused_before_epsilon_and_recorded_as_such(served):
     before = served.spent()
-    run_id = submit_form(_release_form(served), [("Operator", 0, "alice")], served.login)
+    run_id = submit_form(served.release_form(), [("Operator", 0, "alice")], served.login)
     served.wait_final(run_id)
-    record = _record(served, run_id)
+    record = served.record(run_id)
     assert (record["outcome"], record["operator"], record["reservation_id"]) == ("refused", None, None), record
     assert "'alice' is not the release's signer 'svc-prefect'" in record["failure_reason"], record["failure_reason"]
     assert served.spent() == before  # nothing reserved, no seed sealed
     assert not (served.project / "out" / record["release_id"]).exists()
 
-
-def _private_key(path: Path):
-    from kepsilon.audit.signing import load_private_key
-
-    return load_private_key(path, "test")
