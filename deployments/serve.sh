@@ -8,10 +8,20 @@
 # Only the server gets PREFECT_SERVER_API_AUTH_STRING; the prefect commands, the worker and the flow runs it
 # starts send PREFECT_API_AUTH_STRING; `kepsilon release` reads the same file (docs/logins.md).
 #
+# Scheduled and UI-launched releases sign as the deployment's service principal (docs/identity.md): the key file
+# named by KEPSILON_SERVICE_KEY, checked before the server starts (a key that could not sign a release in this
+# store stops make serve with one line), is given to the worker alone, as KEPSILON_SIGNING_KEY; the flow runs it
+# starts inherit it. The server and the prefect commands never get it, and a KEPSILON_SIGNING_KEY of the shell
+# that starts make serve (a person's own key) is dropped: the deployment never signs as a person.
+#
 # One Ctrl-C (or one SIGINT/SIGTERM to this script or its process group) stops the worker, then the
 # server, within 10 s: the worker first, so it can say goodbye to a server that is still there; SIGINT,
 # because a Prefect worker ignores SIGTERM; SIGKILL for whatever still runs after its grace period.
 set -euo pipefail
+# A relative key path means one relative to where make serve was started, not to the project root.
+service_key=${KEPSILON_SERVICE_KEY:-}
+[ -z "$service_key" ] || [[ "$service_key" = /* ]] || service_key="$PWD/$service_key"
+unset KEPSILON_SERVICE_KEY KEPSILON_SIGNING_KEY
 cd "$(dirname "$0")/.."
 BIN=.venv/bin
 PORT=${PREFECT_PORT:-4200}
@@ -19,6 +29,7 @@ export PREFECT_HOME=${PREFECT_HOME:-$PWD/.prefect}
 export KEPSILON_PROJECT_DIR="$PWD"
 export PREFECT_API_URL="http://127.0.0.1:${PORT}/api"
 mkdir -p "$PREFECT_HOME"
+KEPSILON_SERVICE_KEY="$service_key" "$BIN/python" -m kepsilon.service_key check
 login=$("$BIN/python" -m kepsilon.prefect_login secret)
 
 server=""
@@ -84,7 +95,7 @@ curl -fsS "$PREFECT_API_URL/health" > /dev/null 2>&1 || {
 "$BIN/prefect" --no-prompt deploy --all --prefect-file deployments/prefect.yaml
 echo "Prefect UI: http://127.0.0.1:${PORT}  (Deployments → governed-release/paper-synthetic-nightly → Run → Custom run)"
 echo "  its login form asks for the whole string kept in ${KEPSILON_PREFECT_AUTH_FILE:-.kepsilon/prefect-server.auth}"
-start_group "$BIN/prefect" worker start --pool kepsilon-process
+start_group env ${service_key:+KEPSILON_SIGNING_KEY="$service_key"} "$BIN/prefect" worker start --pool kepsilon-process
 worker=$started
 echo "Ctrl-C stops the worker and the server."
 

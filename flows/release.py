@@ -64,8 +64,8 @@ from kepsilon.tasks.record import (
     check_approval,
     check_seed_key,
     record_outcome,
-    release_operator,
     reserve_epsilon,
+    run_operator,
     store_location,
     verify_store,
 )
@@ -108,7 +108,7 @@ def _release_in_memory(spec: ReleaseSpec) -> dict:
     """The release in one process, stage by stage (each reported to the run's progress and the terminal)."""
     logger = get_run_logger()
     store = store_location()
-    operator = release_operator(spec, store)  # the signer, in a store with principals (docs/identity.md)
+    operator = run_operator(spec, store, str(flow_run.id))  # the signer, in a store with principals (docs/identity.md)
     started_at = datetime.now(UTC).isoformat()
 
     figures_dir = private_report_dir(spec.release_id, spec.output_dir)  # refused before any work if misplaced

@@ -105,8 +105,8 @@ from kepsilon.tasks.record import (
     escrowed_seed,
     mark_spent,
     record_outcome,
-    release_operator,
     reserve_epsilon,
+    run_operator,
     store_location,
     verify_store,
 )
@@ -277,7 +277,7 @@ def governed_release_dask(spec: ReleaseSpec) -> dict:
     if not spec.execution.scheduler:  # our own local cluster writes to the CLI's terminal
         _hide_worker_tracebacks()
     store = store_location()
-    operator = release_operator(spec, store)  # the signer, in a store with principals (docs/identity.md)
+    operator = run_operator(spec, store, str(flow_run.id))  # the signer, in a store with principals (docs/identity.md)
     started_at = datetime.now(UTC).isoformat()
 
     figures_dir = private_report_dir(spec.release_id, spec.output_dir)

@@ -90,6 +90,13 @@ class Settings:
         "principals; `--key` sets it for a command (docs/identity.md).",
         "none: acts are unsigned (refused in a store with principals)",
     )
+    service_key: Path | None = _setting(
+        "KEPSILON_SERVICE_KEY",
+        "The deployment's service principal's private key (a registered steward's, 0600): `make serve` checks it at "
+        "start-up and gives it to the worker alone, as `KEPSILON_SIGNING_KEY`, so scheduled and UI-launched releases "
+        "are signed by it (docs/identity.md).",
+        "none: the deployment's runs are unsigned (refused in a store with principals)",
+    )
     prefect_auth_file: Path | None = _setting(
         "KEPSILON_PREFECT_AUTH_FILE",
         "The file holding `make serve`'s Prefect login string (generated on first use, 0600); clients read it "

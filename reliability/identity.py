@@ -12,6 +12,12 @@ with write access would), caught by the check a release runs before ε; 7. an op
 spec (``operator: alice`` with bob's key) and 8. a release with no key at all; 9. a forged signature
 written straight into the file. Then alice approves with her key and bob's release is published
 (the attacks were refused for what they were, not because everything is).
+
+Then the deployment's run form (``_form_attacks``): ``deployments/serve.sh`` as ``make serve`` runs it, over a
+signed store whose service principal svc-prefect's key is in KEPSILON_SERVICE_KEY, the release deployment's
+"Custom run" form submitted in headless Chromium (the helpers of tests/test_service_principal_ui.py): 10. the
+untouched form must be published as svc-prefect, its one reservation signed by svc-prefect's key (the control),
+and 11. the form with ``operator: alice`` must be refused before ε and recorded as refused in the store.
 """
 
 from __future__ import annotations
@@ -112,11 +118,55 @@ def identity_scenario(results: Results, env: dict, base: Path, source: Path) -> 
     verify = kepsilon(["audit", "verify", "--format", "json"], day.env, day.work)
     day.check("`kepsilon audit verify` re-checks every signature: intact", verify.returncode == 0
               and "signature(s) verified" in verify.stdout, _flat(verify.stdout + verify.stderr)[-300:])
+    form_attacks = _form_attacks(day, base / "run form")
     results.counts["identity attacks (issue 26)"] = (
-        f"{attacks} attacks through the CLI, {sum(not c.ok for c in results.checks if c.category == CATEGORY)} failed checks; "
+        f"{attacks} attacks through the CLI and {form_attacks} through the Prefect UI's run form, {sum(not c.ok for c in results.checks if c.category == CATEGORY)} failed checks; "
         f"ledger after them all: {figures['reserves']} reservation (the legitimate release's)"
     )
     return figures
+
+
+def _form_attacks(day: IdentityDay, work: Path) -> int:
+    """The release deployment's run form under make serve, untouched (the control) and with operator: alice; the
+    number of attacks made. Every outcome is read from the store."""
+    from tests.test_prefect_ui import submit_form
+    from tests.test_service_principal_ui import CHROMIUM, ServedAsServicePrincipal
+
+    if not CHROMIUM:
+        day.check("the run form's attacks: Debian's chromium is installed", False, "not run: no chromium")
+        return 0
+    work.mkdir(parents=True)
+    served = ServedAsServicePrincipal(work)
+    try:
+        served.start()
+        before = served.spent()
+        untouched = served.wait_final(submit_form(served.release_form(), [], served.login))["id"]
+        control = served.record(untouched)
+        signers = served.reservations(control["release_id"])
+        day.check("the untouched run form under make serve: published as the service principal svc-prefect, ε reserved "
+                  "once, signed by its key", control["outcome"] == "published" and control["operator"] == "svc-prefect"
+                  and signers == [("svc-prefect", "svc-prefect", served.service_key_id(), 10**9)], f"{control} {signers}")
+        reserved = served.spent()
+        spoofed = served.wait_final(submit_form(served.release_form(), [("Operator", 0, "alice")], served.login))["id"]
+        record = served.record(spoofed)
+        reason = record["failure_reason"] or ""
+        day.check("the run form with operator: alice: refused before ε, recorded as refused (operator is not the signer)",
+                  record["outcome"] == "refused" and record["reservation_id"] is None and served.spent() == reserved
+                  and "'alice' is not the release's signer 'svc-prefect'" in reason, f"{record} {served.spent()}")
+        verify = served.verify()
+        day.check("after the form's runs, `kepsilon audit verify` re-checks every signature: intact",
+                  verify.returncode == 0 and "signature(s) verified" in verify.stdout, _flat(verify.stdout + verify.stderr)[-300:])
+        results = day.results
+        results.counts["identity: the run form (issue 26)"] = (
+            f"untouched form: {control['outcome']}, operator {control['operator']}, {reserved[0] - before[0]} reservation "
+            f"(signed by {', '.join(sorted({row[1] for row in signers}))}); operator alice in the form: {record['outcome']}, "
+            f"{served.spent()[0] - reserved[0]} reservation"
+        )
+    except Exception as problem:  # noqa: BLE001 - a scenario that could not run is a failed check, not a crash
+        day.check("the run form's attacks ran", False, _flat(f"{type(problem).__name__}: {problem}")[-400:])
+    finally:
+        served.stop()
+    return 1
 
 
 def _set_up(day: IdentityDay) -> dict[str, Path]:

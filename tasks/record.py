@@ -79,6 +79,36 @@ def release_operator(spec: ReleaseSpec, store: str) -> str:
     return spec.operator or getpass.getuser()
 
 
+def run_operator(spec: ReleaseSpec, store: str, flow_run_id: str) -> str:
+    """``release_operator`` for a flow run, with a refusal recorded in the store (outcome ``refused``, no reservation).
+
+    A run whose operator is not authenticated (no key, a key that is not an active steward's, a spoofed
+    ``operator``) is an attempt officers must see, wherever it came from — a run form, a schedule, a spec file —
+    so the store, not only the orchestrator, says why it stopped. The record names the operator the run claimed
+    (``execution.claimed_operator``) and leaves ``operator`` empty: nobody was authenticated. Written only to a store
+    that exists and verifies (a refusal must not extend a chain that cannot be trusted, nor create a store).
+    """
+    from kepsilon.audit.integrity import inspect_store
+    from kepsilon.audit.principals import SignatureRefused
+
+    try:
+        return release_operator(spec, store)
+    except SignatureRefused as refusal:
+        if Path(store).exists() and inspect_store(store).ok:
+            attempt = {
+                "release_id": spec.release_id, "population_id": spec.population_id, "spec_hash": spec.spec_hash(),
+                "k": spec.k, "epsilon": spec.epsilon, "privacy_model": spec.privacy_model,
+                "execution": {"flow_run_id": flow_run_id, "operator": None, "claimed_operator": spec.operator},
+                "refusal": str(refusal), "refusal_class": type(refusal).__name__,
+            }
+            db = open_store(store)
+            try:
+                record_release(db, attempt, outcome="refused", reservation_id=None)
+            finally:
+                db.close()
+        raise
+
+
 def _release_signature(db, spec: ReleaseSpec, key: str, operator: str):
     """The steward's signature over this reservation (None in a store without principals), made here from the
     key file in the environment so that the key never travels as a task parameter."""

@@ -354,12 +354,19 @@ class Served:
         with urllib.request.urlopen(request, timeout=30) as response:
             return json.load(response)
 
+    def kepsilon(self, *args: str) -> subprocess.CompletedProcess:
+        """A `kepsilon` command run in the project folder with make serve's environment; must succeed."""
+        done = subprocess.run([str(ROOT / ".venv" / "bin" / "kepsilon"), *args], cwd=self.project, env=self.env,
+                              capture_output=True, text=True, timeout=120)
+        assert done.returncode == 0, f"kepsilon {' '.join(args)}: {done.stderr[-1000:]}"
+        return done
+
+    def prepare(self) -> None:
+        """The store before make serve starts: a cap for the deployments' population."""
+        self.kepsilon("audit", "set-cap", "paper-synthetic-people", "10", "--by", "ui-test", "--reason", "UI rerun test")
+
     def start(self, seconds: float = 240) -> None:
-        venv = ROOT / ".venv" / "bin"
-        subprocess.run(
-            [str(venv / "kepsilon"), "audit", "set-cap", "paper-synthetic-people", "10", "--by", "ui-test", "--reason", "UI rerun test"],
-            cwd=self.project, env=self.env, check=True, capture_output=True, timeout=120,
-        )
+        self.prepare()
         log = open(self.private / "serve.log", "w")
         self.process = subprocess.Popen(
             [str(self.project / "deployments" / "serve.sh")], cwd=self.project, env=self.env,

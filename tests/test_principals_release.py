@@ -120,6 +120,14 @@ def test_an_unauthenticated_or_spoofed_operator_is_refused_before_anything_is_re
         governed_release(spec)
     assert team.spent() == (0, 0, 0)
     assert not (Path(synthetic_spec_dict["output_dir"]) / "test-release").exists()
+    # The store says why, for officers: one refused attempt, nobody authenticated as its operator.
+    (recorded,) = team.db.conn.execute(
+        "SELECT release_id, outcome, operator, reservation_id, failure_reason FROM releases"
+    ).fetchall()
+    assert recorded[:4] == (spec.release_id, "refused", None, None) and refusal in recorded[4]
+    assert recorded[4].startswith("SignatureRefused: ")
+    inspection = inspect_store(team.path)
+    assert inspection.ok, inspection.problems
 
 
 def test_an_approval_by_the_operators_own_key_is_refused_and_nothing_reserved(team, synthetic_spec_dict):
