@@ -15,10 +15,16 @@ manifest gives): the check is linear in chain entries, so this shows the cost of
 from __future__ import annotations
 
 import contextlib
+import sqlite3
 import statistics
 import tempfile
 import time
+from collections.abc import Iterator
 from pathlib import Path
+from typing import TYPE_CHECKING
+
+if TYPE_CHECKING:
+    from sqlite_utils import Database
 
 RELEASES_PER_POPULATION = 100
 
@@ -56,7 +62,7 @@ def build_store(path: Path, ledger_entries: int, records: bool = False) -> int:
     written = 0
 
     @contextlib.contextmanager
-    def inside_outer(_db):  # every call's writes join the one open transaction
+    def inside_outer(db: Database) -> Iterator[sqlite3.Connection]:  # every call's writes join the one open transaction
         yield conn
 
     with write_transaction(db):

@@ -40,7 +40,7 @@ import pandas as pd
 from kepsilon.engine.dp import exponential_mechanism_probabilities
 from kepsilon.engine.dp_release import dp_generators, mechanism, plan, quality_model
 from kepsilon.engine.dp_search import NodeScorer, dp_search, lattice_size, precision_loss, walk_budget
-from kepsilon.flows.spec import load_spec, parse_spec
+from kepsilon.flows.spec import ReleaseSpec, load_spec, parse_spec
 from kepsilon.tasks.classify import classify
 from kepsilon.tasks.ingest import read_source
 
@@ -59,7 +59,7 @@ def seed(run: int) -> bytes:
     return bytes([run + 1]) * 32
 
 
-def variant(base: dict, **search) -> object:
+def variant(base: dict, **search) -> ReleaseSpec:
     """The shipped spec with its search replaced (k stays; δ follows ε_anon and stays within max_delta)."""
     return parse_spec({**base, "dp": {**base["dp"], "search": {**base["dp"]["search"], **search}}})
 
@@ -135,6 +135,8 @@ def budget_sweep(frame: pd.DataFrame, spec) -> dict:
     exhaustive search, at the shipped quality model."""
     index, published, granularity = expectations(frame, spec)
     dp_plan = plan(frame, spec)
+    if dp_plan.quality is None:
+        raise ValueError("the budget sweep needs a spec whose node is chosen by the DP search")
     scorer = NodeScorer(dp_plan.table.compressed(), dp_plan.quality, spec.k, spec.dp_beta())
     nodes, scores = scorer.score_lattice()  # cached: the sweep's walks only draw
     epsilon_search = spec.dp_epsilons()[0]
@@ -170,9 +172,12 @@ def main() -> None:
     base = shipped.model_dump(mode="json")
     source = read_source(shipped.source)
     frame = classify(source.frame, shipped).frame
-    epsilon_search = shipped.dp.search.epsilon
+    search = shipped.dp_settings().search
+    if search is None:
+        raise ValueError(f"{SPEC} must choose its node with the DP search")
+    epsilon_search = search.epsilon
     steps = plan(frame, shipped).steps
-    cases = {f"{shipped.dp.search.strategy}, {shipped.dp.search.quality}, ε_search {epsilon_search:g}"
+    cases = {f"{search.strategy}, {search.quality}, ε_search {epsilon_search:g}"
              + (f", {steps} steps" if steps else "") + " (releases/adult-dp.yaml)": shipped}
     for name in ("balanced", "granularity", "precision", "records"):
         cases[f"exhaustive, {name}, ε_search {epsilon_search:g}"] = variant(base, strategy="exhaustive", steps=None, quality=name)
@@ -195,7 +200,7 @@ def main() -> None:
         print(f"- {name}: " + "; ".join(f"{node} ×{n}" for node, n in counts.items()))
 
     sweep = budget_sweep(frame, shipped)
-    print(f"\nThe walk's budget (quality {shipped.dp.search.quality}; expectations exact per node, "
+    print(f"\nThe walk's budget (quality {search.quality}; expectations exact per node, "
           f"{SWEEP_DRAWS} draws of the search each):\n")
     print("| steps | expected records published | lowest walk's expectation | expected ARX Granularity |")
     print("|---:|---:|---:|---:|")

@@ -30,6 +30,7 @@ import sys
 import time
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Any
 
 import numpy as np
 import pandas as pd
@@ -37,7 +38,7 @@ import pandas as pd
 from kepsilon.engine.anonymise import k_anonymise, load_hierarchies
 from kepsilon.engine.perturb import dense_class_ids
 from kepsilon.flows.spec import load_spec, parse_spec
-from kepsilon.tasks.advise import DEFAULT_EPSILON, DEFAULT_K, Advice, advise, predicted_errors
+from kepsilon.tasks.advise import DEFAULT_EPSILON, DEFAULT_K, Advice, Spread, advise, predicted_errors
 from kepsilon.tasks.classify import classify
 from kepsilon.tasks.figures import ADVICE_CAPTIONS, advice_figures, write_figures
 from kepsilon.tasks.ingest import read_source
@@ -167,7 +168,7 @@ def partition_error(frame: pd.DataFrame, spec, k: int) -> tuple[dict, float]:
     return dict(partition.report["node"]), _mean_predicted_error(values, partition.class_ids[partition.kept], spec_k)
 
 
-OTHER_SETUPS = {
+OTHER_SETUPS: dict[str, dict[str, Any]] = {
     "DM*, ZIP a k-quasi (method.md §8: this campaign)": {},
     "DM*, ZIP not a k-quasi (the authors' experiment code for this file; `releases/paper-synthetic.yaml`)": {"zip_as_k_quasi": False},
     "classical DM (`discernibility`: kept classes \\|ec\\|², n per suppressed record), ZIP a k-quasi": {"ola_metric": "discernibility"},
@@ -201,6 +202,20 @@ def _se(spread) -> float:
 
 def _pct(value: float) -> str:
     return f"{100 * value:.2f}%"
+
+
+def _drawn(figure: Spread | None) -> Spread:
+    """A Monte-Carlo figure of a cell the grid did not refuse (only a refused cell has none)."""
+    if figure is None:
+        raise ValueError("a refused cell has no Monte-Carlo figures")
+    return figure
+
+
+def _node(node: NodeFigures | None) -> NodeFigures:
+    """A node the survey chose (none only where no node is within the suppression budget)."""
+    if node is None:
+        raise ValueError("no node of the lattice is within the suppression budget")
+    return node
 
 
 def shape_checks(advice: Advice, survey: Survey | None = None) -> list[tuple[str, bool, str]]:
@@ -244,25 +259,27 @@ def shape_checks(advice: Advice, survey: Survey | None = None) -> list[tuple[str
         tolerance = 2 * math.hypot(_se(low), _se(high))
         return low.mean <= high.mean + tolerance
 
-    by_epsilon = all(ordered(at[k, a].linking_risk, at[k, b].linking_risk) for k in ks for a, b in zip(epsilons, epsilons[1:]))
+    by_epsilon = all(
+        ordered(_drawn(at[k, a].linking_risk), _drawn(at[k, b].linking_risk)) for k in ks for a, b in zip(epsilons, epsilons[1:])
+    )
     checks.append((
         "linking risk falls as ε falls (every k)",
         by_epsilon,
-        "at k=10: " + ", ".join(f"ε={e:g}: {_pct(at[10, e].linking_risk.mean)}" for e in epsilons) if 10 in ks else "",
+        "at k=10: " + ", ".join(f"ε={e:g}: {_pct(_drawn(at[10, e].linking_risk).mean)}" for e in epsilons) if 10 in ks else "",
     ))
-    by_k = all(ordered(at[b, e].linking_risk, at[a, e].linking_risk) for e in epsilons for a, b in zip(ks, ks[1:]))
+    by_k = all(ordered(_drawn(at[b, e].linking_risk), _drawn(at[a, e].linking_risk)) for e in epsilons for a, b in zip(ks, ks[1:]))
     checks.append((
         "linking risk falls as k rises (every ε)",
         by_k,
-        "at ε=1: " + ", ".join(f"k={k}: {_pct(at[k, 1.0].linking_risk.mean)}" for k in ks) if 1.0 in epsilons else "",
+        "at ε=1: " + ", ".join(f"k={k}: {_pct(_drawn(at[k, 1.0].linking_risk).mean)}" for k in ks) if 1.0 in epsilons else "",
     ))
 
     small = [c for c in cells if c.epsilon <= SMALL_EPSILON]
-    worst = max(small, key=lambda c: c.confidence_suppression.mean, default=None)
+    worst = max(small, key=lambda c: _drawn(c.confidence_suppression).mean, default=None)
     checks.append((
         f"confidence suppression under {100 * SUPPRESSION_LIMIT:.0f}% for ε ≤ {SMALL_EPSILON:g} (every k)",
-        worst is not None and all(c.confidence_suppression.mean < SUPPRESSION_LIMIT for c in small),
-        "" if worst is None else f"largest: {_pct(worst.confidence_suppression.mean)} at k={worst.k}, ε={worst.epsilon:g}",
+        worst is not None and all(_drawn(c.confidence_suppression).mean < SUPPRESSION_LIMIT for c in small),
+        "" if worst is None else f"largest: {_pct(_drawn(worst.confidence_suppression).mean)} at k={worst.k}, ε={worst.epsilon:g}",
     ))
     return checks
 
@@ -272,7 +289,7 @@ def _survey_checks(survey: Survey) -> list[tuple[str, bool, str]]:
     ks = survey.k_values
     best = {k: survey.least_error(k) for k in ks}
     best_rising = all(best[k] is not None for k in ks) and all(
-        best[a].error[a] <= best[b].error[b] for a, b in zip(ks, ks[1:])
+        _node(best[a]).error[a] <= _node(best[b]).error[b] for a, b in zip(ks, ks[1:])
     )
     pairs = violations = 0
     for node in survey.nodes:
@@ -286,7 +303,7 @@ def _survey_checks(survey: Survey) -> list[tuple[str, bool, str]]:
             "the least predicted error any node within the budget reaches rises with k",
             best_rising,
             "at ε=1: " + ", ".join(
-                f"k={k}: {_pct(best[k].error[k])}" if best[k] is not None else f"k={k}: none" for k in ks
+                f"k={k}: {_pct(least.error[k])}" if (least := best[k]) is not None else f"k={k}: none" for k in ks
             ),
         ),
         (
@@ -305,8 +322,11 @@ def exactness_check(advice: Advice, survey: Survey) -> tuple[str, bool, str]:
         ola_levels = tuple(node[c] for c in survey.columns)
         # The survey predicts at ε = 1; with clamping the error no longer scales as 1/ε, so only that cell compares.
         cell = next((c for c in advice.cells if c.k == k and c.epsilon == 1.0), None)
+        if choice is None:  # no node within the budget: OLA's cannot be the optimum
+            agree.append(False)
+            continue
         error_agrees = cell is not None and math.isclose(cell.predicted_mean, choice.error[k], rel_tol=1e-9)
-        agree.append(choice is not None and choice.levels == ola_levels and error_agrees)
+        agree.append(choice.levels == ola_levels and error_agrees)
         for other in survey.qualifying(k):
             if other is not choice and other.dm_star == choice.dm_star:
                 same = other.suppressed[k] == choice.suppressed[k] and math.isclose(other.error[k], choice.error[k])
@@ -354,7 +374,7 @@ def setup_comparison(survey: Survey, rows: int) -> list[str]:
 def fall_explanation(advice: Advice, survey: Survey, frame: pd.DataFrame) -> list[str]:
     """Why the predicted error of DM*'s node falls where it does: the k-quasi DM* stopped generalising."""
     ks = [k for k in survey.k_values if k in advice.nodes]
-    chosen = {k: survey.dm_star_choice(k) for k in ks}
+    chosen = {k: _node(survey.dm_star_choice(k)) for k in ks}
     lines = []
     for a, b in zip(ks, ks[1:]):
         if chosen[b].error[b] >= chosen[a].error[a]:
@@ -390,7 +410,7 @@ def _by_level_table(survey: Survey, column: str, ks) -> list[str]:
         errors = [p.error[k] for p, k in zip(picks, ks) if p]
         rises = all(x <= y for x, y in zip(errors, errors[1:]))
         lines.append(f"| {level} | " + " | ".join(cells) + f" | {'yes' if rises else 'no'} |")
-    overall = [survey.dm_star_choice(k) for k in ks]
+    overall = [_node(survey.dm_star_choice(k)) for k in ks]
     lines.append("| DM*'s choice | " + " | ".join(f"{_pct(p.error[k])} ({column} {p.levels[index]})" for p, k in zip(overall, ks)) + " | |")
     return lines + [""]
 
@@ -484,7 +504,7 @@ def report_markdown(advice: Advice, checks, seconds: float, command: str, survey
         if cell.refused:
             lines.append(f"| {cell.k} | {cell.epsilon:g} | refused: {cell.refused} | | | |")
             continue
-        m, r, s = cell.measured_error["HEIGHT"], cell.linking_risk, cell.confidence_suppression
+        m, r, s = cell.measured_error["HEIGHT"], _drawn(cell.linking_risk), _drawn(cell.confidence_suppression)
         lines.append(
             f"| {cell.k} | {cell.epsilon:g} | {_pct(cell.predicted_mean)} | {_pct(m.mean)} ± {100 * m.sd:.2f} | "
             f"{_pct(r.mean)} ± {100 * r.sd:.2f} | {_pct(s.mean)} ± {100 * s.sd:.2f} |"

@@ -32,6 +32,7 @@ tracker).
 """
 
 import argparse
+import contextlib
 import json
 import os
 import re
@@ -329,7 +330,7 @@ class Services:
         self.processes: dict[str, psutil.Popen] = {}
         self.client_env: dict[str, str] = {}
         self.scheduler = ""
-        self._server = None
+        self._server: contextlib.AbstractContextManager[dict] | None = None  # the Prefect server, once started
 
     def __enter__(self) -> "Services":
         from distributed import Security
@@ -665,13 +666,13 @@ def main() -> None:
         print(json.dumps(results["fixed_and_per_record"]))
         print(f"written: {RESULTS} (fine)")
         return
-    results = []
+    measured: list[dict] = []
     for name, rows, engine in series_cases() if arguments.series else default_cases():
         print(f"running {name} ({rows:,} rows, {engine} engine, load average {os.getloadavg()[0]:.1f}) ...", flush=True)
-        results.append(run_case(name, rows, engine, arguments.format))
-        print(report(results[-1:]), flush=True)
-    _write_results("series" if arguments.series else "default", results)
-    print(report(results))
+        measured.append(run_case(name, rows, engine, arguments.format))
+        print(report(measured[-1:]), flush=True)
+    _write_results("series" if arguments.series else "default", measured)
+    print(report(measured))
     print(f"written: {RESULTS}")
 
 

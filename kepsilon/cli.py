@@ -24,7 +24,7 @@ import traceback
 from collections.abc import Iterator
 from datetime import UTC, datetime
 from pathlib import Path
-from typing import Optional
+from typing import IO, TYPE_CHECKING, Any, Optional, cast
 
 import typer
 from rich.console import Console
@@ -43,6 +43,12 @@ app = typer.Typer(
     pretty_exceptions_show_locals=False,
 )
 console = Console()
+
+if TYPE_CHECKING:
+    from prefect.logging.handlers import PrefectConsoleHandler
+    from rich.progress import Progress
+
+    from kepsilon.local_server import LocalServer
 errors = Console(stderr=True)
 
 
@@ -79,7 +85,7 @@ def _console_handlers() -> list[logging.Handler]:
     handler of ``prefect._internal`` (which does not propagate; it reports the client's service errors)."""
     from prefect.logging.handlers import PrefectConsoleHandler
 
-    root = [handler for handler in logging.getLogger().handlers if isinstance(handler, PrefectConsoleHandler)]
+    root: list[logging.Handler] = [h for h in logging.getLogger().handlers if isinstance(h, PrefectConsoleHandler)]
     internal = [handler for handler in logging.getLogger("prefect._internal").handlers
                 if isinstance(handler, logging.StreamHandler) and not isinstance(handler, logging.FileHandler)]
     return root + internal
@@ -140,7 +146,7 @@ def _note(text: str) -> None:
 
 
 @contextlib.contextmanager
-def _prefect_api() -> Iterator[Optional["LocalServer"]]:  # noqa: F821
+def _prefect_api() -> Iterator[Optional["LocalServer"]]:
     """The Prefect API the release reports to, so that its run is listed where the user looks for runs.
 
     In order: the API configured by PREFECT_API_URL (the environment or the active Prefect profile); else
@@ -240,9 +246,12 @@ class StageBars:
 
     def __init__(self, console: Console):
         self.console = console
-        self.progress = None
-        self.bars: dict[str, int] = {}
-        self._rerouted: list[tuple[object, object]] = []
+        self.progress: Progress | None = None
+        self.bars: dict[str, Any] = {}  # rich's TaskID per stage
+        # What _route_logs_above_bars replaced, to put back: each console handler's console, each stream
+        # handler's stream.
+        self._consoles: list[tuple[PrefectConsoleHandler, Console]] = []
+        self._streams: list[tuple[logging.StreamHandler, IO[str]]] = []
 
     def _route_logs_above_bars(self) -> None:
         """Have Prefect's terminal handlers print through the console that draws the bars.
@@ -261,20 +270,21 @@ class StageBars:
             return
         for handler in _console_handlers():
             if isinstance(handler, PrefectConsoleHandler):
-                self._rerouted.append((handler, handler.console))
-                handler.console = _PrintedAbove(handler.console, self.console)
-            else:
-                self._rerouted.append((handler, handler.setStream(proxy)))
+                self._consoles.append((handler, handler.console))
+                # The handler only calls its console's print, which _PrintedAbove provides.
+                handler.console = cast(Console, _PrintedAbove(handler.console, self.console))
+            elif isinstance(handler, logging.StreamHandler):
+                previous = handler.setStream(proxy)
+                if previous is not None:
+                    self._streams.append((handler, previous))
 
     def _restore_log_streams(self) -> None:
-        from prefect.logging.handlers import PrefectConsoleHandler
-
-        for handler, original in reversed(self._rerouted):
-            if isinstance(handler, PrefectConsoleHandler):
-                handler.console = original
-            else:
-                handler.setStream(original)
-        self._rerouted.clear()
+        for handler, console in reversed(self._consoles):
+            handler.console = console
+        for stream_handler, stream in reversed(self._streams):
+            stream_handler.setStream(stream)
+        self._consoles.clear()
+        self._streams.clear()
 
     def stage_started(self, name: str, total: int) -> None:
         from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
@@ -288,12 +298,18 @@ class StageBars:
             self._route_logs_above_bars()
         self.bars[name] = self.progress.add_task(name, total=total)
 
+    def _started(self) -> "Progress":
+        """The bars, which a stage's first report (``stage_started``) draws."""
+        if self.progress is None:
+            raise RuntimeError("a stage reported progress before it started")
+        return self.progress
+
     def stage_advanced(self, name: str, done: int, total: int) -> None:
-        self.progress.update(self.bars[name], completed=done)
+        self._started().update(self.bars[name], completed=done)
 
     def stage_finished(self, name: str, done: int, total: int, seconds: float) -> None:
-        self.progress.update(self.bars[name], completed=done)
-        self.progress.stop_task(self.bars[name])
+        self._started().update(self.bars[name], completed=done)
+        self._started().stop_task(self.bars[name])
 
     def close(self) -> None:
         if self.progress is not None:

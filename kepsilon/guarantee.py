@@ -56,7 +56,7 @@ class Guarantee:
 
     @classmethod
     def for_spec(cls, spec) -> "Guarantee":
-        """The guarantee of a release run with ``spec`` (a ``flows.spec.ReleaseSpec``)."""
+        """The guarantee of a release run with ``spec`` (a ``kepsilon.spec.ReleaseSpec``)."""
         if spec.privacy_model == "dp":
             search, anonymisation = spec.dp_epsilons()
             figures = DPParameters(search, anonymisation, spec.dp_beta(), spec.dp_delta())

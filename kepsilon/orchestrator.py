@@ -72,7 +72,7 @@ class ConnectionNoise(logging.Filter):
     was dropped because the server was gone.
     """
 
-    def __init__(self, api_url: str, recheck: float = 5.0):
+    def __init__(self, api_url: str | None, recheck: float = 5.0):
         super().__init__()
         self.api_url = api_url
         self.recheck = recheck
@@ -81,6 +81,8 @@ class ConnectionNoise(logging.Filter):
         self._answering = True
 
     def api_down(self) -> bool:
+        if self.api_url is None:  # no API configured (Prefect's settings allow it): nothing to lose contact with
+            return False
         now = time.monotonic()
         if now - self._checked_at >= self.recheck:
             self._answering = api_answers(self.api_url, seconds=2)

@@ -74,7 +74,7 @@ def _files(root: Path) -> list[Path]:
 
 
 def _found(needles: dict[str, bytes], files: list[Path]) -> list[str]:
-    found = set()
+    found: set[str] = set()
     for path in files:
         content = path.read_bytes()
         found.update(name for name, needle in needles.items() if needle in content)
@@ -204,8 +204,8 @@ def _intrusions(port: int) -> dict[str, bool]:
         answer = subprocess.run([sys.executable, "-c", INTRUDER, str(port), *attempts], capture_output=True, text=True,
                                 timeout=120).stdout
     except subprocess.TimeoutExpired as hung:
-        answer = hung.stdout or ""
-        answer = answer.decode() if isinstance(answer, bytes) else answer
+        partial = hung.stdout or ""
+        answer = partial.decode() if isinstance(partial, bytes) else partial
     lines = dict(line.split(" ", 1) for line in answer.splitlines() if " " in line)
     return {how: lines.get(how, "").startswith("GOT") for how in attempts}
 

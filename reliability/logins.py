@@ -257,7 +257,10 @@ class _Session:
 
     def log_in(self, name: str, password: str) -> int:
         status, page = self.get("/-/login")
-        token = re.search(rb'name="csrftoken" value="([^"]+)"', page).group(1).decode()
+        found = re.search(rb'name="csrftoken" value="([^"]+)"', page)
+        if found is None:
+            raise AssertionError(f"GET /-/login answered {status} without a csrftoken field")
+        token = found.group(1).decode()
         form = urllib.parse.urlencode({"csrftoken": token, "username": name, "password": password, "next": "/"}).encode()
         return _http(self.base + "/-/login", "POST", form, {"Content-Type": "application/x-www-form-urlencoded"},
                      opener=self.opener)[0]

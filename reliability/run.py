@@ -15,6 +15,7 @@ import shutil
 import signal
 import sys
 import time
+from collections.abc import Sequence
 from concurrent.futures import ThreadPoolExecutor
 from datetime import UTC, datetime
 from pathlib import Path
@@ -238,7 +239,7 @@ def _outcome_table(results: Results, categories: list[str]) -> list[str]:
 
 
 def write_report(results: Results, bad_table: list[dict], leak_matrix: dict, timings: dict[str, float], path: Path,
-                 bad_day: list[dict] = ()) -> str:
+                 bad_day: Sequence[dict] = ()) -> str:
     passed = sum(c.ok for c in results.checks)
     failed = len(results.checks) - passed
     lines = [

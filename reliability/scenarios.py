@@ -19,9 +19,11 @@ import sys
 import threading
 import time
 import uuid
+from collections.abc import Callable, Sequence
 from fractions import Fraction
 from pathlib import Path
 from types import SimpleNamespace
+from typing import Any, Literal
 
 import numpy as np
 import pandas as pd
@@ -226,7 +228,7 @@ def bad_input_cases(sample: Path) -> list[dict]:
     truncated_mid_height = cut[: cut.rfind(";") - 3]  # last record cut inside HEIGHT (WEIGHT lost)
     identical = header + lines[1] * 60
     dup_header = header.replace("ICD;", "HEIGHT;", 1)
-    cases = [
+    cases: list[dict[str, Any]] = [
         {"name": "NaN in an ε-quasi", "text": "".join(_edit_row(lines, 5, "HEIGHT", "NaN")), "expect": "HEIGHT"},
         {"name": "+inf in an ε-quasi", "text": "".join(_edit_row(lines, 5, "HEIGHT", "inf")), "expect": "HEIGHT"},
         {"name": "-inf in an ε-quasi", "text": "".join(_edit_row(lines, 5, "HEIGHT", "-inf")), "expect": "HEIGHT"},
@@ -299,8 +301,8 @@ def bad_input_scenario(results: Results, env: dict, base: Path, sample: Path, ru
         message = _refusal_line(output)
         db = work / "audit.db"
         kinds = ledger_kinds(db)
-        seeds = rows(db, "SELECT COUNT(*) FROM sealed_seeds")
-        seeds = seeds[0][0] if seeds else 0
+        seed_rows = rows(db, "SELECT COUNT(*) FROM sealed_seeds")
+        seeds = seed_rows[0][0] if seed_rows else 0
         published = (work / "out" / "bad-input" / "manifest.json").exists()
         name = case["name"]
         if case["expect"] is None:
@@ -527,7 +529,7 @@ def _copy_store(source: Path, target: Path) -> Path:
     return target
 
 
-def _without_triggers(db: Path, statements: list[str], recreate: bool) -> None:
+def _without_triggers(db: Path, statements: Sequence[str], recreate: bool) -> None:
     """Run ``statements`` as an attacker with file access: drop the append-only triggers first,
     optionally put them back afterwards so the schema looks untouched."""
     conn = sqlite3.connect(db)
@@ -606,7 +608,7 @@ def tamper_scenario(results: Results, env: dict, work: Path, store: Path) -> int
 # --- 6. Noise --------------------------------------------------------------------------------
 
 
-NOISE_CASES = (
+NOISE_CASES: tuple[tuple[Literal["diameter", "bounds"], float, float], ...] = (
     # (scale basis, class diameter or bound width, ε) -> b = width / ε
     ("diameter", 1.0, 1.0),
     ("diameter", 10.0, 1.0),
@@ -874,7 +876,7 @@ def file_size_limit(results: Results, env: dict, base: Path, source: Path) -> di
     return day.row("refused before ε; rerun published", True)
 
 
-def _hold_lock(db: Path, seconds: float, start: threading.Event) -> threading.Thread:
+def _hold_lock(db: Path, seconds: float, start: threading.Event) -> _LockHolder:
     """Hold the store's write lock (BEGIN IMMEDIATE) for ``seconds`` in a thread, from when ``start`` is set."""
     taken = threading.Event()
 
@@ -887,10 +889,17 @@ def _hold_lock(db: Path, seconds: float, start: threading.Event) -> threading.Th
         conn.rollback()
         conn.close()
 
-    thread = threading.Thread(target=hold, daemon=True)
-    thread.taken = taken
+    thread = _LockHolder(hold, taken)
     thread.start()
     return thread
+
+
+class _LockHolder(threading.Thread):
+    """The thread that holds the store's write lock; ``taken`` is set once it holds it."""
+
+    def __init__(self, hold: Callable[[], None], taken: threading.Event) -> None:
+        super().__init__(target=hold, daemon=True)
+        self.taken = taken
 
 
 def _run_until(args: list[str], env: dict, cwd: Path, trigger, fired: threading.Event) -> tuple[int, str, str]:
@@ -951,7 +960,11 @@ def late_lock(results: Results, env: dict, base: Path, source: Path, seconds: fl
     spec = day.spec("late")
     fired = threading.Event()
     holder = _hold_lock(day.db, seconds, fired)
-    releaser = threading.Thread(target=lambda: holder.taken.wait(900) and hold.touch(), daemon=True)
+    def stop_holding_once_the_lock_is_taken() -> None:
+        if holder.taken.wait(900):
+            hold.touch()
+
+    releaser = threading.Thread(target=stop_holding_once_the_lock_is_taken, daemon=True)
     releaser.start()
     reached = hold.with_name("hold.reached")
     code, out, err = _run_until(["release", str(spec)], run_env, day.work, lambda _: reached.exists(), fired)
@@ -1191,16 +1204,16 @@ def malformed_parquet(results: Results, env: dict, base: Path, source: Path) -> 
     """Invalid UTF-8 in a text column (memory and dask engines, and ``kepsilon init``), wrong column types, a
     truncated file: each refused in one line, exit 2, before any ε."""
     table = []
-    cases = []
+    cases: list[tuple[str, str, str | None, str, tuple[str, ...]]] = []
     for engine in ("memory", "dask"):
-        for column, names in (("NAME", ("NAME",)), ("RACE", ("RACE",))):
-            cases.append((f"Parquet, invalid UTF-8 in {column} ({engine})", "utf8", column, engine, names))
+        for text_column in ("NAME", "RACE"):
+            cases.append((f"Parquet, invalid UTF-8 in {text_column} ({engine})", "utf8", text_column, engine, (text_column,)))
     cases.append(("Parquet, wrong column types", "types", None, "memory", ("YOB", "HEIGHT")))
     cases.append(("Parquet, truncated file", "truncated", None, "memory", ("Parquet",)))
     for name, kind, column, engine, names in cases:
         work, case_env = _settings_work(base, name, env)
         target = work / "source.parquet"
-        if kind == "utf8":
+        if kind == "utf8" and column is not None:  # every utf8 case names its column
             _bad_text_parquet(source, target, column)
         elif kind == "types":
             _wrong_types_parquet(source, target)

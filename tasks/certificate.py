@@ -30,7 +30,7 @@ from kepsilon.tasks.errors import InputError, SpecError
 
 
 def _settings(spec):
-    from kepsilon.flows.spec import CertificateSettings
+    from kepsilon.spec import CertificateSettings
 
     return spec.certificate if spec.certificate is not None else CertificateSettings()
 

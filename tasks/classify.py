@@ -33,7 +33,7 @@ from prefect import task
 from prefect.cache_policies import NO_CACHE
 from pyarrow import types as pa_types
 
-from kepsilon.flows.spec import ReleaseSpec, Roles, SourceFormat
+from kepsilon.spec import ReleaseSpec, Roles, SourceFormat
 
 from .errors import InputError, SpecError
 from .values import arrow_type, cell_texts, non_number_count, parse_numbers, refuse_non_numbers, unpublishable_reason

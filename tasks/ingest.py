@@ -36,7 +36,7 @@ from prefect.cache_policies import NO_CACHE
 from pyarrow import csv as arrow_csv
 
 from kepsilon.audit.fingerprint import source_fingerprint, source_hasher
-from kepsilon.flows.spec import SourceFormat, SourceSpec
+from kepsilon.spec import SourceFormat, SourceSpec
 
 from .errors import InputError
 

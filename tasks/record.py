@@ -20,8 +20,8 @@ from kepsilon.audit.private import check_not_shared, write_private_file
 from kepsilon.audit.records import record_release
 from kepsilon.audit.seeds import find_sealed_seed, seal_seed, seed_commitment, unseal_seed
 from kepsilon.audit.store import ENV_PATH, open_store, store_path
-from kepsilon.flows.spec import ReleaseSpec
 from kepsilon.guarantee import Guarantee
+from kepsilon.spec import ReleaseSpec
 
 
 def store_location() -> str:

@@ -30,7 +30,7 @@ import pyarrow as pa
 import pyarrow.parquet as pq
 
 from kepsilon.audit.fingerprint import source_hasher
-from kepsilon.flows.spec import SourceFormat, SourceSpec
+from kepsilon.spec import SourceFormat, SourceSpec
 
 from .errors import InputError
 from .ingest import (

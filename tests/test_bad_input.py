@@ -347,3 +347,30 @@ def test_a_claim_whose_owner_was_killed_is_free(tmp_path):
         if holder.poll() is None:
             holder.kill()
             holder.wait()
+
+
+# --- the two privacy models: a field of the other one is refused whatever its value ------------
+
+
+@pytest.mark.parametrize(
+    "spec_file, stated, parameter",
+    [
+        ("adult-dp.yaml", "confidence: 0.99\n", "confidence"),  # the method's default, stated in a DP spec
+        ("adult-dp.yaml", "algorithm: mondrian\n", "algorithm"),
+        ("paper-synthetic.yaml", "dp: {max_delta: 0.001, node: {YOB: 0}}\n", "dp"),
+    ],
+)
+def test_a_field_of_the_other_privacy_model_is_refused_by_the_cli_in_one_line(
+    tmp_path, monkeypatch, no_prefect, spec_file, stated, parameter
+):
+    monkeypatch.setenv("KEPSILON_AUDIT_DB", str(tmp_path / "audit.db"))
+    shipped = RELEASE_SPEC.parent / spec_file
+    (tmp_path / "data").symlink_to(shipped.parent.parent / "data")  # the shipped spec's ../data paths hold
+    (tmp_path / "releases").mkdir()
+    spec = tmp_path / "releases" / spec_file
+    spec.write_text(shipped.read_text(encoding="utf-8") + stated, encoding="utf-8")
+    result = runner.invoke(app, ["release", str(spec)])
+    line = one_line(result.output)
+    assert result.exit_code == 2, line
+    assert f"'{parameter}'" in line and "privacy_model" in line and "Traceback" not in result.output, line
+    assert ledger_rows(tmp_path / "audit.db") == []

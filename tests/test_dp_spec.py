@@ -96,6 +96,77 @@ def test_roles_the_dp_mode_cannot_release_are_refused_by_name():
         parse_spec(with_dp(node=None, search={"epsilon": 0.1, "steps": 3}))
 
 
+# Every field of the method's own mode, at its default value: stating it in a DP spec is refused all the same
+# (before the split, the defaults passed and only another value was refused).
+KEPSILON_DEFAULTS = {
+    "algorithm": "mondrian",
+    "ola_metric": "precision",
+    "scale_basis": "diameter",
+    "confidence": 0.99,
+    "suppression_budget": 0.05,
+    "max_linking_risk": 0.10,
+    "max_journalist_risk": 0.5,
+    "max_marketer_risk": 0.5,
+    "publish_statistics": [],
+}
+
+
+@pytest.mark.parametrize("field, value", KEPSILON_DEFAULTS.items())
+def test_a_field_of_the_method_s_own_mode_is_refused_in_a_dp_spec_whatever_its_value(field, value):
+    with pytest.raises(SpecError, match="does not apply to privacy_model dp") as refused:
+        parse_spec(dp_dict(**{field: value}))
+    assert refused.value.parameter == field
+    assert str(value) not in str(refused.value).replace(field, "")
+
+
+@pytest.mark.parametrize("field, value", [("out_of_bounds", "refuse"), ("max_relative_error", 0.2), ("epsilon_share", 1.0)])
+def test_an_e_quasi_s_noise_field_is_refused_in_a_dp_spec_whatever_its_value(field, value):
+    spec = dp_dict()
+    spec["roles"]["e_quasi"][0][field] = value
+    with pytest.raises(SpecError, match=f"`{field}` applies to the noise of privacy_model kepsilon only") as refused:
+        parse_spec(spec)
+    assert refused.value.parameter == "roles.e_quasi.age"
+
+
+def test_a_dp_block_in_a_kepsilon_spec_is_refused_whatever_it_holds(synthetic_spec_dict):
+    synthetic_spec_dict["dp"] = dp_dict()["dp"]
+    with pytest.raises(SpecError, match="applies to privacy_model dp only") as refused:
+        parse_spec(synthetic_spec_dict)
+    assert refused.value.parameter == "dp"
+
+
+def test_a_field_left_empty_counts_as_not_stated(synthetic_spec_dict):
+    # What the run form sends for an empty field is "not given", in either privacy model.
+    spec = parse_spec(dp_dict(confidence=None, algorithm="", max_journalist_risk=None))
+    assert spec.privacy_model == "dp"
+    assert parse_spec({**synthetic_spec_dict, "dp": None}).dp is None
+
+
+def test_a_dp_spec_read_back_from_its_dump_is_the_same_spec_with_the_same_hash():
+    # Prefect stores the flow's parameter as its JSON dump, and resolve_paths validates a dump again.
+    spec = parse_spec(with_dp(node=None, search={"epsilon": 0.2}))
+    dumped = spec.model_dump(mode="json")
+    assert not set(KEPSILON_DEFAULTS) & set(dumped)
+    assert "out_of_bounds" not in dumped["roles"]["e_quasi"][0]
+    again = parse_spec(dumped)
+    assert again == spec and again.spec_hash() == spec.spec_hash()
+
+
+DP_HASH_BEFORE_THE_SPLIT = "75f574c2d54dbe15d7912be6ef3cb8d13401dc78446acf36e3ed7e5731282f41"
+
+
+def test_a_dp_spec_keeps_the_hash_it_had_before_the_split():
+    # Computed by the code before the privacy models were split: a DP release's approvals stay valid.
+    spec = {
+        "release_id": "pinned", "population_id": "pop", "source": {"path": "/data/people.csv"},
+        "roles": {"k_quasi": [{"column": "YOB", "hierarchy": "/data/YOB.csv"}],
+                  "e_quasi": [{"column": "HEIGHT", "hierarchy": "/data/HEIGHT.csv"}], "sensitive": ["ICD"]},
+        "privacy_model": "dp", "k": 30, "epsilon": 1.0,
+        "dp": {"max_delta": 0.01, "node": {"YOB": 1, "HEIGHT": 0}},
+    }
+    assert parse_spec(spec).spec_hash() == DP_HASH_BEFORE_THE_SPLIT
+
+
 def test_an_e_quasi_hierarchy_in_the_method_s_own_mode_is_refused(synthetic_spec_dict):
     synthetic_spec_dict["roles"]["e_quasi"][0]["hierarchy"] = "HEIGHT.csv"
     with pytest.raises(SpecError, match="'roles.e_quasi.HEIGHT.hierarchy': applies to privacy_model dp only"):

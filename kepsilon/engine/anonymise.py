@@ -6,7 +6,10 @@ release go through :func:`k_anonymise_histogram`: the in-memory path on the hist
 (:func:`k_anonymise`), the partitioned path on the histogram its partitions add up.
 """
 
+from __future__ import annotations
+
 from dataclasses import dataclass
+from typing import TYPE_CHECKING
 
 import numpy as np
 import pandas as pd
@@ -19,8 +22,11 @@ from .mondrian import mondrian_classes
 from .ola import ola_classes
 from .partition import Partition, TupleClasses
 
+if TYPE_CHECKING:
+    from kepsilon.spec import ReleaseSpec  # the engine reads the spec; the model imports the engine
 
-def load_hierarchies(spec, frame: pd.DataFrame, weights: np.ndarray | None = None) -> dict[str, Hierarchy]:
+
+def load_hierarchies(spec: ReleaseSpec, frame: pd.DataFrame, weights: np.ndarray | None = None) -> dict[str, Hierarchy]:
     """The spec's hierarchies by column: a hierarchy file, or one built from a public definition.
 
     A built hierarchy is materialised over the column's values (``build_hierarchy``), but its labels
@@ -30,7 +36,7 @@ def load_hierarchies(spec, frame: pd.DataFrame, weights: np.ndarray | None = Non
     return hierarchies_from_values(spec, lambda column: (frame[column], weights))
 
 
-def hierarchies_from_values(spec, values_of) -> dict[str, Hierarchy]:
+def hierarchies_from_values(spec: ReleaseSpec, values_of) -> dict[str, Hierarchy]:
     """:func:`load_hierarchies` where ``values_of(column)`` gives a column's values and their record counts
     (None: one record each), e.g. each column's distinct values added up over the shards of a histogram."""
     hierarchies = {}
@@ -65,7 +71,7 @@ def histogram_of(
     return tuple_histogram(frame, columns, spec.roles.sensitive, e_quasis, positions)
 
 
-def k_anonymise_histogram(histogram: TupleHistogram, spec) -> AnonymisedTuples:
+def k_anonymise_histogram(histogram: TupleHistogram, spec: ReleaseSpec) -> AnonymisedTuples:
     """Classes of the histogram's tuples with the spec's algorithm (Mondrian or OLA); hierarchy hashes
     go in the report. The criteria are built from the histogram's value counts (the whole table's)."""
     hierarchies = load_hierarchies(spec, histogram.tuples, histogram.weights)
@@ -81,7 +87,7 @@ def k_anonymise_histogram(histogram: TupleHistogram, spec) -> AnonymisedTuples:
     return AnonymisedTuples(classes, hierarchies, criteria)
 
 
-def k_anonymise(frame: pd.DataFrame, spec) -> Partition:
+def k_anonymise(frame: pd.DataFrame, spec: ReleaseSpec) -> Partition:
     """Partition the records with the spec's algorithm (Mondrian or OLA); hierarchy hashes go in the report."""
     histogram = histogram_of(frame, spec)
     anonymised = k_anonymise_histogram(histogram, spec)

@@ -20,8 +20,10 @@ read, sampled and suppressed depend on the data and are not outputs of the mecha
 report holds public parameters only (hierarchy heights, lattice size, the search's steps).
 """
 
+from __future__ import annotations
+
 from dataclasses import dataclass, field
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import numpy as np
 import pandas as pd
@@ -41,6 +43,9 @@ from .errors import InputError, SpecError
 from .hierarchy import Hierarchy, load_hierarchy
 from .hierarchy_builders import build_hierarchy
 from .randomness import SEED_BYTES
+
+if TYPE_CHECKING:
+    from kepsilon.spec import ReleaseSpec  # the engine reads the spec; the model imports the engine
 
 
 @dataclass
@@ -83,14 +88,15 @@ class DPPlan:
         return {column: hierarchy.sha256 for column, hierarchy in self.hierarchies.items()}
 
 
-def plan(frame: pd.DataFrame, spec) -> DPPlan:
+def plan(frame: pd.DataFrame, spec: ReleaseSpec) -> DPPlan:
     """Load and check the hierarchies, code every released column, settle the search's steps."""
     columns = spec.generalised_columns()
     hierarchies = {column: _generalised_hierarchy(spec, frame, column) for column in columns}
     heights = tuple(hierarchies[column].height for column in columns)
     node = None
-    if spec.dp.node is not None:
-        node = tuple(_checked_level(f"dp.node.{c}", spec.dp.node[c], hierarchies[c]) for c in columns)
+    fixed_node = spec.dp_settings().node
+    if fixed_node is not None:
+        node = tuple(_checked_level(f"dp.node.{c}", fixed_node[c], hierarchies[c]) for c in columns)
     sensitive_levels, sensitive_hierarchies = _sensitive_levels(spec, frame)
     hierarchies.update(sensitive_hierarchies)
 
@@ -101,7 +107,7 @@ def plan(frame: pd.DataFrame, spec) -> DPPlan:
     fixed = tuple(_fixed_codes(frame, column, level, hierarchies.get(column), leaf_codes.get(column))
                   for column, level in sensitive_levels.items())
     strategy, steps = _search_plan(spec, heights)
-    quality = None if spec.dp.search is None else quality_model(spec, columns, hierarchies)
+    quality = None if spec.dp_settings().search is None else quality_model(spec, columns, hierarchies)
     return DPPlan(
         columns=columns,
         hierarchies=hierarchies,
@@ -116,13 +122,16 @@ def plan(frame: pd.DataFrame, spec) -> DPPlan:
     )
 
 
-def quality_model(spec, columns: list[str], hierarchies: dict[str, Hierarchy]) -> QualityModel:
+def quality_model(spec: ReleaseSpec, columns: list[str], hierarchies: dict[str, Hierarchy]) -> QualityModel:
     """The search's quality model (``dp.search.quality``): every label's loss, from the hierarchies.
 
     A hierarchy built from the data (a builder) has the data's distinct values as leaves, so its
     domain shares depend on the data: under ``granularity`` such a column's loss is its precision.
     """
-    name = spec.dp.search.quality
+    search = spec.dp_settings().search
+    if search is None:
+        raise SpecError("dp.search", "the quality model is the DP search's; this spec fixes its node")
+    name = search.quality
     losses = []
     for column in columns:
         hierarchy = hierarchies[column]
@@ -136,9 +145,8 @@ def quality_model(spec, columns: list[str], hierarchies: dict[str, Hierarchy]) -
     return QualityModel(name=name, losses=tuple(losses), records_share=BALANCED_RECORDS_SHARE if name == "balanced" else 0.0)
 
 
-def _from_file(spec, column: str) -> bool:
-    entry = next(q for q in [*spec.roles.k_quasi, *spec.roles.e_quasi] if q.column == column)
-    return isinstance(entry.hierarchy, str)
+def _from_file(spec: ReleaseSpec, column: str) -> bool:
+    return isinstance(spec.roles.generalised(column).hierarchy, str)
 
 
 # The exhaustive search scores every node (about 0.35 ms of CPU each on Adult, rolled up layer by layer;
@@ -150,7 +158,7 @@ MAX_EXHAUSTIVE_NODES = 100_000
 WALK_STEPS_PER_LEVEL = 8
 
 
-def _search_plan(spec, heights) -> tuple[str | None, int | None]:
+def _search_plan(spec: ReleaseSpec, heights) -> tuple[str | None, int | None]:
     """The search's strategy and the walk's steps (default: ``WALK_STEPS_PER_LEVEL`` × the lattice's
     height, at most its size − 1, at least one).
 
@@ -158,17 +166,18 @@ def _search_plan(spec, heights) -> tuple[str | None, int | None]:
     walk with more steps than it can take (each step makes a new pivot, so at most lattice size − 1
     steps draw; the budget of the others would be spent on nothing).
     """
-    if spec.dp.search is None:
+    search = spec.dp_settings().search
+    if search is None:
         return None, None
     size = lattice_size(heights)
-    if spec.dp.search.strategy == "exhaustive":
+    if search.strategy == "exhaustive":
         if size > MAX_EXHAUSTIVE_NODES:
             raise SpecError(
                 "dp.search.strategy",
                 f"the lattice has {size} nodes, more than {MAX_EXHAUSTIVE_NODES} to score one by one; use strategy walk",
             )
         return "exhaustive", None
-    steps = spec.dp.search.steps or max(1, min(WALK_STEPS_PER_LEVEL * lattice_height(heights), size - 1))
+    steps = search.steps or max(1, min(WALK_STEPS_PER_LEVEL * lattice_height(heights), size - 1))
     if steps > size - 1:
         raise SpecError(
             "dp.search.steps",
@@ -178,12 +187,14 @@ def _search_plan(spec, heights) -> tuple[str | None, int | None]:
     return "walk", steps
 
 
-def _generalised_hierarchy(spec, frame: pd.DataFrame, column: str) -> Hierarchy:
+def _generalised_hierarchy(spec: ReleaseSpec, frame: pd.DataFrame, column: str) -> Hierarchy:
     """A k-quasi's or ε-quasi's public hierarchy: its file, or built from its public definition."""
-    entry = next(q for q in [*spec.roles.k_quasi, *spec.roles.e_quasi] if q.column == column)
-    if isinstance(entry.hierarchy, str):
-        return load_hierarchy(entry.hierarchy, column)
-    return build_hierarchy(entry.hierarchy, frame[column], column)
+    hierarchy = spec.roles.generalised(column).hierarchy
+    if hierarchy is None:  # refused by the spec's own check (``check_dp_parameters``), before any ε
+        raise SpecError(column, "privacy_model dp generalises it through a public `hierarchy` (a file or a builder)")
+    if isinstance(hierarchy, str):
+        return load_hierarchy(hierarchy, column)
+    return build_hierarchy(hierarchy, frame[column], column)
 
 
 def _checked_level(parameter: str, level: int, hierarchy: Hierarchy) -> int:
@@ -192,14 +203,16 @@ def _checked_level(parameter: str, level: int, hierarchy: Hierarchy) -> int:
     return int(level)
 
 
-def _sensitive_levels(spec, frame: pd.DataFrame) -> tuple[dict[str, int], dict[str, Hierarchy]]:
+def _sensitive_levels(spec: ReleaseSpec, frame: pd.DataFrame) -> tuple[dict[str, int], dict[str, Hierarchy]]:
     """Every sensitive column's level (0: as read), and the hierarchies of those released above 0
     (such a column may not have missing values: a hierarchy cannot generalise them)."""
     levels, hierarchies = {}, {}
     for entry in spec.roles.sensitive:
         column = entry if isinstance(entry, str) else entry.column
-        level = spec.dp.sensitive_levels.get(column, 0)
+        level = spec.dp_settings().sensitive_levels.get(column, 0)
         if level > 0:
+            if isinstance(entry, str) or not entry.hierarchy:  # refused by the spec's own check, before any ε
+                raise SpecError(f"dp.sensitive_levels.{column}", "a level above 0 needs the column's `hierarchy`")
             if frame[column].isna().any():
                 raise InputError(column, "has missing values, which its hierarchy cannot generalise; release it at level 0")
             hierarchy = load_hierarchy(entry.hierarchy, column)
@@ -235,7 +248,7 @@ def dp_generators(seed: bytes) -> tuple[np.random.Generator, np.random.Generator
     return search, sampling, order
 
 
-def mechanism(frame: pd.DataFrame, dp_plan: DPPlan, spec, rngs, with_rows: bool = False):
+def mechanism(frame: pd.DataFrame, dp_plan: DPPlan, spec: ReleaseSpec, rngs, with_rows: bool = False):
     """Search (or take the fixed node), sample, safe-k-anonymise, label and shuffle.
 
     Returns the published table, the node {column: level} and the private report; ``with_rows``

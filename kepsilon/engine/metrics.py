@@ -14,9 +14,11 @@ outputs to the public bounds. See :func:`expected_absolute_error` for the exact 
 from private values and belongs in the private audit record only (method.md §9).
 """
 
+from __future__ import annotations
+
 import math
 from collections.abc import Mapping
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import numpy as np
 import pandas as pd
@@ -24,6 +26,9 @@ import pandas as pd
 from .errors import InputError, SpecError
 from .perturb import class_diameters, dense_class_ids, grid_bounds, noise_scales, public_grid
 from .suppress import ClassSortedValues
+
+if TYPE_CHECKING:
+    from kepsilon.spec import ReleaseSpec  # the engine reads the spec; the model imports the engine
 
 
 def _values(name: str, values, n_rows: int | None = None) -> np.ndarray:
@@ -111,7 +116,7 @@ def linking_risk(original, noisy, class_ids) -> float:
     return float(linked.mean()) if len(linked) else 0.0
 
 
-def certain_linking_risk(frame: pd.DataFrame, class_ids, spec) -> float:
+def certain_linking_risk(frame: pd.DataFrame, class_ids, spec: ReleaseSpec) -> float:
     """A lower bound of the linking risk known before any noise: the largest share, over ε-quasis, of the
     kept records whose class has zero diameter in that column (diameter basis only; 0 otherwise).
 
@@ -341,7 +346,7 @@ def metrics_summary(rows_removed: dict, rows_published: int, per_column: dict, p
     }
 
 
-def errors_by_class(original: pd.DataFrame, noisy: pd.DataFrame, class_ids, scales: Mapping[str, np.ndarray], spec):
+def errors_by_class(original: pd.DataFrame, noisy: pd.DataFrame, class_ids, scales: Mapping[str, np.ndarray], spec: ReleaseSpec):
     """Per anonymiser class, the mean predicted and the mean measured relative error of its records.
 
     The same per-record figures as the release's (:func:`expected_relative_errors` on the scales the noise
@@ -354,8 +359,9 @@ def errors_by_class(original: pd.DataFrame, noisy: pd.DataFrame, class_ids, scal
     for quasi in spec.roles.e_quasi:
         values = original[quasi.column].to_numpy(dtype=np.float64)
         changed = noisy[quasi.column].to_numpy(dtype=np.float64)
+        lower, upper = quasi.bounds()
         expected = expected_relative_errors(
-            values, scales[quasi.column], lower=quasi.lower, upper=quasi.upper,
+            values, scales[quasi.column], lower=lower, upper=upper,
             epsilon=spec.epsilon_split()[quasi.column], scale_basis=spec.scale_basis,
         )
         nonzero = values != 0

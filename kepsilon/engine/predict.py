@@ -14,7 +14,10 @@ Everything is kept as sums (:class:`Prediction` adds up), so a partitioned relea
 partition and adds the parts. Every figure is computed from private values (the steward's, never public).
 """
 
+from __future__ import annotations
+
 from dataclasses import dataclass, field
+from typing import TYPE_CHECKING
 
 import numpy as np
 import pandas as pd
@@ -22,6 +25,9 @@ import pandas as pd
 from .metrics import expected_relative_errors, linked_records
 from .perturb import dense_class_ids, noise_scales, perturb
 from .suppress import suppress_records
+
+if TYPE_CHECKING:
+    from kepsilon.spec import ReleaseSpec  # the engine reads the spec; the model imports the engine
 
 MAX_DRAWS = 10
 STACKED_ROWS = 2_000_000  # rows of the stacked draws a prediction may hold at once
@@ -44,7 +50,7 @@ class Prediction:
     published: np.ndarray | None = None
     linked: dict[str, np.ndarray] = field(default_factory=dict)
 
-    def add(self, other: "Prediction") -> "Prediction":
+    def add(self, other: Prediction) -> Prediction:
         """The prediction of both sets of records (disjoint classes)."""
         if self.draws != other.draws:
             raise ValueError("predictions with different draw counts cannot be added")
@@ -79,7 +85,7 @@ class Prediction:
         return float(self.published.mean()) if self.published is not None else 0.0
 
 
-def predict(kept: pd.DataFrame, class_ids: np.ndarray, spec, draws: int, rng: np.random.Generator) -> Prediction:
+def predict(kept: pd.DataFrame, class_ids: np.ndarray, spec: ReleaseSpec, draws: int, rng: np.random.Generator) -> Prediction:
     """The prediction for ``kept`` (the anonymiser's kept records, ε-quasi columns at least) in ``class_ids``.
 
     ``spec``: the release's (``roles.e_quasi``, ``epsilon_split()``, ``scale_basis``, ``k``, ``confidence``).
@@ -91,12 +97,11 @@ def predict(kept: pd.DataFrame, class_ids: np.ndarray, spec, draws: int, rng: np
     prediction = Prediction(draws=draws, records=len(kept), published=np.zeros(draws))
     for quasi in spec.roles.e_quasi:
         values = kept[quasi.column].to_numpy(dtype=np.float64)
-        clamped = np.clip(values, quasi.lower, quasi.upper)
+        lower, upper = quasi.bounds()
+        clamped = np.clip(values, lower, upper)
         epsilon = split[quasi.column]
-        scales = noise_scales(clamped, dense, n_classes, quasi.lower, quasi.upper, epsilon, spec.scale_basis)
-        expected = expected_relative_errors(
-            values, scales, lower=quasi.lower, upper=quasi.upper, epsilon=epsilon, scale_basis=spec.scale_basis
-        )
+        scales = noise_scales(clamped, dense, n_classes, lower, upper, epsilon, spec.scale_basis)
+        expected = expected_relative_errors(values, scales, lower=lower, upper=upper, epsilon=epsilon, scale_basis=spec.scale_basis)
         nonzero = values != 0
         prediction.error_sums[quasi.column] = float(expected[nonzero].sum())
         prediction.error_counts[quasi.column] = int(nonzero.sum())

@@ -12,7 +12,9 @@ private data and its noise is real, so treat it as the data itself. A release go
 flow (``kepsilon release SPEC.yaml`` or the ``release`` deployment).
 """
 
-from typing import NamedTuple
+from __future__ import annotations
+
+from typing import TYPE_CHECKING, NamedTuple
 
 import pandas as pd
 
@@ -24,6 +26,9 @@ from .perturb import new_seed, perturb, source_positions
 from .randomness import RecordStreams
 from .suppress import suppress_failing_groups, suppress_records
 
+if TYPE_CHECKING:
+    from kepsilon.spec import ReleaseSpec  # the engine reads the spec; the model imports the engine
+
 
 class Preview(NamedTuple):
     """The table a release would publish (shuffled), its private metrics, and the partition."""
@@ -33,10 +38,10 @@ class Preview(NamedTuple):
     partition: Partition
 
 
-def preview(frame: pd.DataFrame, spec, seed: bytes | None = None) -> Preview:
+def preview(frame: pd.DataFrame, spec: ReleaseSpec, seed: bytes | None = None) -> Preview:
     """Run the engine's stages on ``frame`` (records as classified, source positions as index).
 
-    ``spec`` is a release spec (``kepsilon.flows.spec.load_spec``); ``seed`` (32 bytes) fixes the
+    ``spec`` is a release spec (``kepsilon.spec.load_spec``); ``seed`` (32 bytes) fixes the
     noise and the order for a reproducible run — a fresh random seed by default. The same seed gives
     the values a release with that seed would publish.
     """

@@ -29,9 +29,11 @@ whatever the basis; it is the caller's choice to apply them.
 quadratic per class.
 """
 
+from __future__ import annotations
+
 from collections.abc import Mapping
 from dataclasses import dataclass
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import numpy as np
 import pandas as pd
@@ -40,6 +42,9 @@ from .criteria import declared, failing_group_rows
 from .errors import SpecError
 from .partition import published_labels
 from .perturb import dense_class_ids
+
+if TYPE_CHECKING:
+    from kepsilon.spec import ReleaseSpec  # the engine reads the spec; the model imports the engine
 
 
 @dataclass
@@ -212,7 +217,7 @@ BOUNDS_MODE_REASON = (
 )
 
 
-def suppress_records(original: pd.DataFrame, noisy: pd.DataFrame, class_ids: np.ndarray, scales: dict, spec) -> SuppressionResult:
+def suppress_records(original: pd.DataFrame, noisy: pd.DataFrame, class_ids: np.ndarray, scales: dict, spec: ReleaseSpec) -> SuppressionResult:
     """c-confident suppression over the spec's ε-quasis, with its k and confidence.
 
     ``scale_basis="diameter"``: the record and class rules of :func:`confidence_suppress_columns`,
