@@ -1,7 +1,8 @@
 """The ``release-check`` flow (``kepsilon check SPEC``): everything a release would decide without noise.
 
-It runs the release's own steps up to the reservation — the store, ingest, the release id, roles and
-identifiers, hierarchies and the anonymiser's classes and suppression, the output folder, and the shared
+It runs the release's own steps up to the reservation, in the release's order — the store, ingest, the
+release id, the output folder (and the Dask engine's scratch folder), roles and identifiers, hierarchies and
+the anonymiser's classes and suppression, and the shared
 checks before ε (``tasks/preflight.pre_epsilon_checks``, the very function the release calls: noise grid,
 seed key, certain linking, the exact predicted relative error per ε-quasi, the linking risk and the
 suppression predicted from throw-away draws) — then the approval and the cap left, read only. Where the
@@ -66,13 +67,15 @@ def check_release(spec: ReleaseSpec, *, via: str, flow_run_id: str | None = None
             _, done = verdicts.attempt("release id", published_record, store, spec.release_id, key)
             if done is not None:
                 result["already_published"] = done.get("output_dir") or done.get("directory")
-        _, table = verdicts.attempt("roles and identifiers", classify, source.frame, spec)
-    if table is not None and spec.privacy_model == "kepsilon":
-        _, partition = verdicts.attempt("anonymiser", k_anonymise, table.frame, spec)
+    # The release's order (flows/governance.py): the folders before anything that reads the records.
     verdicts.attempt("output folder", check_output_dir, spec.output_dir, spec.release_id,
                      _estimate_basis(source, spec) if read else 0)
     if spec.execution.engine == "dask":  # the check reads in memory, but the release would need its scratch
         verdicts.attempt("scratch folder", _check_scratch, spec, source.frame if read else None)
+    if read:
+        _, table = verdicts.attempt("roles and identifiers", classify, source.frame, spec)
+    if table is not None and spec.privacy_model == "kepsilon":
+        _, partition = verdicts.attempt("anonymiser", k_anonymise, table.frame, spec)
     if partition is not None and store_ok and key is not None:
         result["predicted"] = pre_epsilon_in_memory(verdicts, spec, store, key, table, partition)
     if partition is not None:

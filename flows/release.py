@@ -1,15 +1,19 @@
 """The ``governed-release`` flow: one anonymised release, from spec to published files and audit record.
 
+The governance (refusals → approve → reserve → spend → record → rename into place) is written once, in
+``flows/governance.govern``, for both engines; this module is the in-memory engine (``MemoryEngine``) and its
+two privacy models, and hands a spec with ``execution.engine: dask`` to ``flows/release_dask.py``.
+
 The method's own mode (``privacy_model: kepsilon``, (k,ε)-anonymity):
-ingest → (verify the store; already published?) → classify → k-anonymise → check the output folder →
-the checks before ε (``tasks/preflight.pre_epsilon_checks``: noise grid, seed key, certain linking, predicted
-error and linking risk) → approve → reserve ε → perturb → suppress (confidence, then diversity) → label →
-validate → stage → record → rename into place
+ingest → (verify the store; already published? unchanged?) → check the output folder → roles → classify →
+k-anonymise → the checks before ε (``tasks/preflight.pre_epsilon_checks``: noise grid, seed key, certain
+linking, predicted error and linking risk) → approve → reserve ε → perturb → suppress (confidence, then
+diversity) → label → validate → stage → record → rename into place
 
 The DP mode (``privacy_model: dp``, (ε,δ)-differential privacy; docs/dp-mode.md):
-ingest → (verify the store; already published?) → classify → plan (hierarchies, node levels) → check the
-output folder → approve → reserve (ε, δ) → sample, search and safe-k-anonymise from the sealed seed →
-validate (every released column in the group key) → stage → record → rename into place
+ingest → (verify the store; already published? unchanged?) → check the output folder → roles → classify →
+plan (hierarchies, node levels) → seed key → approve → reserve (ε, δ) → sample, search and safe-k-anonymise
+from the sealed seed → validate (every released column in the group key) → stage → record → rename into place
 
 Nothing is published unless every check passes, and no ε is reserved until every check that does not
 need noise has passed: input, release id, output folder, approval, store. The files are staged under a
@@ -20,9 +24,10 @@ published release does nothing but say where it is. Data moves between tasks in 
 task here is ``NO_CACHE`` and ``persist_result=False``, and the flow's only parameter is the spec.
 """
 
+from contextlib import nullcontext
 from datetime import UTC, datetime
 
-from prefect import flow, get_run_logger
+from prefect import flow
 from prefect.runtime import flow_run
 
 from kepsilon.audit.claims import release_claim
@@ -31,53 +36,26 @@ from kepsilon.engine.criteria import disclosure_report
 from kepsilon.engine.metrics import certain_linking_risk, errors_by_class
 from kepsilon.engine.perturb import public_grid
 from kepsilon.engine.predict import draws_for, predict
-from kepsilon.faults import fault_point
-from kepsilon.flows.manifest import base_manifest, idempotency_key, public_manifest, published_groups
-from kepsilon.flows.report import publish_figure_artifact, publish_report_artifacts
+from kepsilon.flows.governance import SourceFacts, Spend, govern, run_day
+from kepsilon.flows.manifest import public_manifest, published_groups
 from kepsilon.flows.spec import ReleaseSpec
 from kepsilon.guarantee import Guarantee
-from kepsilon.tasks.certificate import (
-    certificate_figures,
-    dp_certificate_figures,
-    refuse_risk_over_limits,
-    write_release_certificate,
-)
-from kepsilon.tasks.classify import classify_attributes
+from kepsilon.tasks.certificate import certificate_figures, dp_certificate_figures, refuse_risk_over_limits
+from kepsilon.tasks.classify import ClassifiedTable, classify_attributes
 from kepsilon.tasks.dp_release import draw_dp_release, plan_dp_release
-from kepsilon.tasks.errors import ReleaseFailed, ValidationFailed, describe_failure
-from kepsilon.tasks.figures import RELEASE_CAPTIONS, private_report_dir, release_figures, write_figures
-from kepsilon.tasks.ingest import ingest_source
+from kepsilon.tasks.ingest import SourceTable, ingest_source
 from kepsilon.tasks.k_anonymise import k_anonymise_records
 from kepsilon.tasks.metrics import measure_release
 from kepsilon.tasks.perturb import perturb_records
-from kepsilon.tasks.preflight import (
-    Verdicts,
-    check_output,
-    find_published,
-    fresh_generator,
-    pre_epsilon_checks,
-    unchanged_release,
-)
+from kepsilon.tasks.preflight import Verdicts, fresh_generator, pre_epsilon_checks
 from kepsilon.tasks.progress import release_progress, stage
-from kepsilon.tasks.publish import merge_and_shuffle, move_into_place, published_columns, stage_release
-from kepsilon.tasks.record import (
-    check_approval,
-    check_seed_key,
-    record_outcome,
-    reserve_epsilon,
-    run_operator,
-    store_location,
-    verify_store,
-)
+from kepsilon.tasks.publish import merge_and_shuffle, published_columns, stage_release
+from kepsilon.tasks.record import check_seed_key, store_location
 from kepsilon.tasks.scratch import sweep_leftover_scratch
 from kepsilon.tasks.suppress import suppress_linkable, suppress_undiverse
 from kepsilon.tasks.validate import check_dp_release, check_release, validation_failure
 
-
-def _run_day() -> str:
-    scheduled = flow_run.scheduled_start_time
-    moment = scheduled if scheduled is not None else datetime.now(UTC)
-    return moment.astimezone(UTC).strftime("%Y-%m-%d")
+_run_day = run_day  # flows/check.py's name for it
 
 
 @flow(name="governed-release", persist_result=False, log_prints=False, validate_parameters=True)
@@ -89,7 +67,7 @@ def governed_release(spec: ReleaseSpec) -> dict:
     adds every figure computed from private values. The returned record is the private one; for a
     release that was already published it is the stored record, marked ``already_published``.
     """
-    spec = spec.for_run(_run_day(), flow_run.name or "run")
+    spec = spec.for_run(run_day(), flow_run.name or "run")
     sweep_leftover_scratch(spec)  # a killed Dask run's sealed scratch, whatever its id or engine
     # Held for the whole run: a second run of the same release is refused while this one lives.
     with release_claim(store_location(), spec.release_id):
@@ -99,93 +77,77 @@ def governed_release(spec: ReleaseSpec) -> dict:
 
             return release_on_dask(spec)
         with release_progress(len(MEMORY_STAGES), f"release {spec.release_id}") as progress:
-            record = _release_in_memory(spec)
+            record = govern(spec, MemoryEngine())
             progress.step(progress.steps)
-    return record
-
-
-def _release_in_memory(spec: ReleaseSpec) -> dict:
-    """The release in one process, stage by stage (each reported to the run's progress and the terminal)."""
-    logger = get_run_logger()
-    store = store_location()
-    operator = run_operator(spec, store, str(flow_run.id))  # the signer, in a store with principals (docs/identity.md)
-    started_at = datetime.now(UTC).isoformat()
-
-    figures_dir = private_report_dir(spec.release_id, spec.output_dir)  # refused before any work if misplaced
-    source = _in_stage("ingest", ingest_source, spec.source)
-    key = idempotency_key(spec, source.sha256)
-    verify_store(store, spec.output_dir, spec.population_id)  # the chain against its published witnesses too
-    done = find_published(store, spec.release_id, key)
-    if done is not None:
-        logger.info("release %s was already published at %s; nothing to do", spec.release_id, done["published_at"])
-        return done
-
-    record = base_manifest(spec, source.report(), key)
-    current = unchanged_release(store, spec, record["content_key"])
-    if current is not None:
-        return unchanged_outcome(spec, current)
-    record["execution"] = {"flow_run_id": str(flow_run.id), "operator": operator, "started_at": started_at}
-    logger.info("release %s: %d records in", spec.release_id, source.rows)
-
-    table = _in_stage("classify", classify_attributes, source.frame, spec)
-    if spec.privacy_model == "dp":
-        # The DP mode's stage replaces k-anonymise, perturb and suppress; its plan refuses before ε.
-        dp_plan = _in_stage("k-anonymise", plan_dp_release, table.frame, spec)
-        record["anonymiser"] = dp_plan.report()
-        record["hierarchies"] = dp_plan.hierarchy_hashes()
-        record["dp"]["search_steps"] = dp_plan.steps
-        output_dir = check_output(spec.output_dir, spec.release_id, _estimate_basis(source, spec))
-        check_seed_key(store, key)  # the DP mode draws from a sealed seed too
-
-        def stages(reservation, record):
-            return _dp_check_stage(spec, key, table, dp_plan, reservation, store, record, output_dir)
-    else:
-        partition = _in_stage("k-anonymise", k_anonymise_records, table.frame, spec)
-        record["anonymiser"] = partition.report
-        record["hierarchies"] = partition.report.get("hierarchies", {})
-        output_dir = check_output(spec.output_dir, spec.release_id, _estimate_basis(source, spec))
-        record["pre_epsilon"] = pre_epsilon_in_memory(Verdicts(), spec, store, key, table, partition)
-
-        def stages(reservation, record):
-            return _perturb_check_stage(spec, key, table, partition, reservation, store, record, output_dir)
-
-    approval = check_approval(spec, operator, store, record)
-    record["approval"] = approval
-    reservation = reserve_epsilon(spec, key, operator, store, record)
-    record["budget"] = {"reservation_id": reservation.id, "epsilon_reserved": spec.epsilon, "reused": reservation.reused}
-    if reservation.delta is not None:
-        record["budget"]["delta_reserved"] = reservation.delta
-    fault_point("after-reservation")
-
-    record["private_figures"] = str(figures_dir)
-    try:
-        record, publication, figure_inputs = stages(reservation, record)
-        fault_point("before-audit-commit")
-        record_outcome(record, "published", reservation.id, store)
-    except BaseException as failure:  # noqa: B036 - ε is reserved: every failure, of any type, is recorded
-        _fail_after_reservation(record, failure, reservation.id, store)
-    fault_point("after-audit-commit")
-    _move_into_place(spec.release_id, publication)
-    publish_report_artifacts(record)
-    if figure_inputs is not None:
-        _release_figures(spec, figure_inputs, figures_dir)
-    write_release_certificate(record, store, figures_dir)  # docs/certificate.md (both modes)
-    logger.info("release %s published: %d records", spec.release_id, record["rows_published"])
     return record
 
 
 MEMORY_STAGES = ("ingest", "classify", "k-anonymise", "perturb", "suppress", "merge", "validate", "stage")
 
 
-def unchanged_outcome(spec, current: dict) -> dict:
-    """A run over an unchanged source (``tasks/preflight.unchanged_release``): nothing published, nothing spent,
-    nothing recorded; the current release's record, marked so the CLI says where it is."""
-    where = current.get("output_dir") or current.get("directory") or "?"
-    get_run_logger().info(
-        "release %s: the source and spec are unchanged since release %s (%s); nothing published, no ε spent "
-        "(rerelease_unchanged: true publishes anyway)", spec.release_id, current.get("release_id"), where,
-    )
-    return {**current, "unchanged_source": True, "requested_release_id": spec.release_id, "published_at": where}
+class MemoryEngine:
+    """The release in one process, stage by stage (each reported to the run's progress and the terminal);
+    the privacy model (``KEpsilonInMemory``, ``DpInMemory``) anonymises and spends."""
+
+    def __init__(self) -> None:
+        self.source: SourceTable | None = None
+        self.table: ClassifiedTable | None = None
+
+    def read_source(self, spec: ReleaseSpec) -> SourceFacts:
+        self.source = source = _in_stage("ingest", ingest_source, spec.source)
+        return SourceFacts(sha256=source.sha256, columns=tuple(source.frame.columns),
+                           size_basis=_estimate_basis(source, spec), report=source.report())
+
+    def workspace(self, spec: ReleaseSpec, output_dir: str):
+        return nullcontext()  # the table is in memory: nothing to hold or to clean
+
+    def intake(self, spec: ReleaseSpec) -> int:
+        assert self.source is not None, "read_source runs first"
+        self.table = _in_stage("classify", classify_attributes, self.source.frame, spec)
+        return self.source.rows
+
+    def execution(self, spec: ReleaseSpec) -> dict:
+        return {}
+
+    def anonymise(self, spec: ReleaseSpec, store: str, key: str, record: dict, output_dir: str) -> Spend:
+        model = DpInMemory() if spec.privacy_model == "dp" else KEpsilonInMemory()
+        return model.anonymise(spec, store, key, self.table, record, output_dir)
+
+    def discard(self, spec: ReleaseSpec, output_dir: str, failure: BaseException) -> None:
+        pass  # the in-memory path stages its files only after its checks pass: nothing to remove
+
+
+class KEpsilonInMemory:
+    """The method's own mode: k-anonymise, the checks before ε; on the reserved budget, perturb, suppress,
+    label, validate and stage."""
+
+    def anonymise(self, spec, store: str, key: str, table, record: dict, output_dir: str) -> Spend:
+        partition = _in_stage("k-anonymise", k_anonymise_records, table.frame, spec)
+        record["anonymiser"] = partition.report
+        record["hierarchies"] = partition.report.get("hierarchies", {})
+        record["pre_epsilon"] = pre_epsilon_in_memory(Verdicts(), spec, store, key, table, partition)
+
+        def spend(reservation, record):
+            return _perturb_check_stage(spec, key, table, partition, reservation, store, record, output_dir)
+
+        return spend
+
+
+class DpInMemory:
+    """The DP mode: its plan (hierarchies, node levels) replaces k-anonymise and refuses before ε; on the
+    reserved budget, sample, search and safe-k-anonymise from the sealed seed, validate and stage."""
+
+    def anonymise(self, spec, store: str, key: str, table, record: dict, output_dir: str) -> Spend:
+        dp_plan = _in_stage("k-anonymise", plan_dp_release, table.frame, spec)
+        record["anonymiser"] = dp_plan.report()
+        record["hierarchies"] = dp_plan.hierarchy_hashes()
+        record["dp"]["search_steps"] = dp_plan.steps
+        check_seed_key(store, key)  # the DP mode draws from a sealed seed too
+
+        def spend(reservation, record):
+            return _dp_check_stage(spec, key, table, dp_plan, reservation, store, record, output_dir)
+
+        return spend
 
 
 def _in_stage(name: str, task, *args):
@@ -196,67 +158,11 @@ def _in_stage(name: str, task, *args):
     return result
 
 
-def _release_figures(spec: ReleaseSpec, inputs: dict, folder) -> None:
-    """Draw the private figures into the private report folder and onto the run's page.
-
-    The release is published and recorded by now: a figure that cannot be drawn or written is logged
-    (its error class only) and does not turn a published release into a failed run.
-    """
-    logger = get_run_logger()
-    try:
-        figures = release_figures(inputs["group_sizes"], inputs["predicted"], inputs["measured"], spec.k)
-        write_figures(figures, folder)
-        publish_figure_artifact("release-" + spec.release_id, figures, RELEASE_CAPTIONS, "private figures of the release")
-    except Exception as failure:  # noqa: BLE001 - see the docstring
-        logger.warning("release %s: private figures not made (%s)", spec.release_id, type(failure).__name__)
-
-
 def _estimate_basis(source, spec) -> int:
     """Bytes to size the output from: the source file, or for Parquet (compressed) its size in memory."""
     if spec.source.resolved_format().value == "parquet":
         return max(source.size, int(source.frame.memory_usage(deep=True).sum()))
     return source.size
-
-
-def _fail_after_reservation(record: dict, failure: BaseException, reservation_id: int, store: str) -> None:
-    """Record a failure that came after the reservation, then stop with one clear error.
-
-    The record holds the error's class and a message that quotes no value (``describe_failure``). If
-    the store cannot take the record either (locked, read-only, full), the reservation stands and a
-    rerun of the same release resumes it: the error says so. A failed check is raised as it is; any
-    other error (the store locked past its busy timeout included) becomes ``ReleaseFailed``.
-    """
-    reason = describe_failure(failure)
-    record["failure"] = reason.split(": ", 1)[-1]
-    record["failure_class"] = type(failure).__name__
-    release_id = record["release_id"]
-    try:
-        record_outcome(record, "failed", reservation_id, store)
-    except Exception as unrecorded:
-        raise ReleaseFailed(
-            f"release {release_id!r} failed after its ε was reserved ({reason}) and the audit store could not "
-            f"record it ({describe_failure(unrecorded)}); the reservation stands: rerun the same release to resume "
-            "it (same reservation, same noise, no new spend)"
-        ) from None
-    # A failed check keeps its own error (it names the checks); an interrupt stays an interrupt.
-    if isinstance(failure, ValidationFailed) or not isinstance(failure, Exception):
-        raise failure
-    raise ReleaseFailed(
-        f"release {release_id!r} failed after its ε was reserved ({reason}); recorded as failed "
-        "(`kepsilon audit failures`); rerun the same release to resume its reservation and noise"
-    ) from None
-
-
-def _move_into_place(release_id: str, publication) -> None:
-    """Rename the staged release to its final name; its record is committed already."""
-    try:
-        move_into_place(publication.staging, publication.directory)
-    except Exception as failure:
-        raise ReleaseFailed(
-            f"release {release_id!r} is recorded as published but its folder could not be moved into place "
-            f"({describe_failure(failure)}); it waits, complete, in {str(publication.staging)!r}: rerun the same "
-            "release to finish it (nothing is redrawn or recorded again)"
-        ) from None
 
 
 def pre_epsilon_in_memory(verdicts: Verdicts, spec, store: str, key: str, table, partition) -> dict:

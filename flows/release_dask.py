@@ -1,12 +1,13 @@
 """The ``governed-release-dask`` flow: a release partition by partition on a Dask cluster.
 
-The same governance as ``governed-release`` (``flows/release.py``), stage for stage — plan and fingerprint
-the source → (verify the store; already published?) → check the output folder → intake and classify
-(refusals) → k-anonymise the histogram → distribute → the checks before ε (``tasks/preflight.py``: noise grid,
-seed key, predicted error and linking risk, each class partition predicted on the cluster) → approve → reserve
-ε → draw the seed → perturb and suppress → diversity suppression → publish the parts → gate → stage the
-manifest → record → rename into place — on a table that never has to fit in one process. The stages
-per partition are in ``tasks/partitioned.py``; this module only orders them and reduces their counts.
+The same governance as ``governed-release`` (``flows/governance.govern``, written once for both engines), in
+the same order — plan and fingerprint the source → (verify the store; already published? unchanged?) → check
+the output folder → the scratch folder → roles → intake and classify (refusals) → k-anonymise the histogram →
+distribute → the checks before ε (``tasks/preflight.py``: noise grid, seed key, predicted error and linking
+risk, each class partition predicted on the cluster) → approve → reserve ε → draw the seed → perturb and
+suppress → diversity suppression → publish the parts → gate → stage the manifest → record → rename into
+place — on a table that never has to fit in one process. The stages per partition are in
+``tasks/partitioned.py``; this module (``DaskEngine``) only orders them and reduces their counts.
 
 Where things run: every per-partition task is submitted to the flow's ``DaskTaskRunner`` (prefect-dask),
 on a ``LocalCluster`` of ``execution.workers`` processes, or on the cluster whose scheduler is
@@ -29,7 +30,7 @@ the deployments and the UI's run form need nothing else.
 
 import logging
 import shutil
-from contextlib import nullcontext
+from contextlib import contextmanager, nullcontext
 from datetime import UTC, datetime
 from pathlib import Path
 
@@ -43,18 +44,10 @@ from kepsilon.engine.criteria import declared, disclosure_figures
 from kepsilon.engine.perturb import new_seed, public_grid
 from kepsilon.engine.randomness import RecordStreams
 from kepsilon.faults import fault_point
-from kepsilon.flows.manifest import base_manifest, groups_from_sizes, idempotency_key, public_manifest
-from kepsilon.flows.release import (
-    _fail_after_reservation,
-    _move_into_place,
-    _release_figures,
-    _run_day,
-    unchanged_outcome,
-)
-from kepsilon.flows.report import publish_report_artifacts
+from kepsilon.flows.governance import SourceFacts, Spend, govern, run_day
+from kepsilon.flows.manifest import groups_from_sizes, public_manifest
 from kepsilon.flows.spec import ReleaseSpec
 from kepsilon.guarantee import Guarantee
-from kepsilon.tasks.certificate import write_release_certificate
 from kepsilon.tasks.certificate_dask import (
     CERTIFICATE_SKETCHES,
     WRITTEN_GROUPS,
@@ -62,9 +55,7 @@ from kepsilon.tasks.certificate_dask import (
     refuse_risk_over_limits_on_partitions,
     shard_sketches,
 )
-from kepsilon.tasks.classify import check_roles
 from kepsilon.tasks.errors import SpecError, ValidationFailed
-from kepsilon.tasks.figures import private_report_dir
 from kepsilon.tasks.partitioned import (
     DATA_CSV,
     DATASET,
@@ -86,7 +77,7 @@ from kepsilon.tasks.partitioned import (
     remove_partials,
     shard_step_task,
 )
-from kepsilon.tasks.preflight import Verdicts, check_output, find_published, pre_epsilon_checks, unchanged_release
+from kepsilon.tasks.preflight import Verdicts, pre_epsilon_checks
 from kepsilon.tasks.progress import release_progress, stage
 from kepsilon.tasks.publish import (
     MANIFEST,
@@ -100,16 +91,7 @@ from kepsilon.tasks.publish import (
     staging_directory,
     write_file,
 )
-from kepsilon.tasks.record import (
-    check_approval,
-    escrowed_seed,
-    mark_spent,
-    record_outcome,
-    reserve_epsilon,
-    run_operator,
-    store_location,
-    verify_store,
-)
+from kepsilon.tasks.record import escrowed_seed, mark_spent
 from kepsilon.tasks.scratch import Scratch, ScratchLease, private_root
 from kepsilon.tasks.shards import ShardedClasses, anonymise_shards, merge_shard
 from kepsilon.tasks.validate import validate_aggregated, validation_failure, weight_column_name
@@ -270,91 +252,79 @@ def governed_release_dask(spec: ReleaseSpec) -> dict:
 
     Same outcomes as ``governed_release``: the published folder (a Parquet dataset ``data.parquet/``
     of parts in the published order, ``data.csv`` when ``execution.csv``, and ``manifest.json``), the
-    private record, the refusals before ε and the recorded failures after it.
+    private record, the refusals before ε and the recorded failures after it — the same governance
+    (``flows/governance.govern``), in the same order.
     """
-    logger = get_run_logger()
-    spec = spec.for_run(_run_day(), flow_run.name or "run")
+    spec = spec.for_run(run_day(), flow_run.name or "run")
     if not spec.execution.scheduler:  # our own local cluster writes to the CLI's terminal
         _hide_worker_tracebacks()
-    store = store_location()
-    operator = run_operator(spec, store, str(flow_run.id))  # the signer, in a store with principals (docs/identity.md)
-    started_at = datetime.now(UTC).isoformat()
-
-    figures_dir = private_report_dir(spec.release_id, spec.output_dir)
-    plan = plan_source_task.submit(spec.source, spec.execution.partitions).result()
-    key = idempotency_key(spec, plan.sha256)
-    verify_store(store, spec.output_dir, spec.population_id)  # the chain against its published witnesses too
-    done = find_published(store, spec.release_id, key)
-    if done is not None:
-        logger.info("release %s was already published at %s; nothing to do", spec.release_id, done["published_at"])
-        return done
-    check_roles(list(plan.names), spec.roles)
-    output_dir = check_output(spec.output_dir, spec.release_id, plan.memory_bytes)
-    lease = _prepare_scratch(spec, output_dir, plan.memory_bytes)
-    pieces = len(plan.pieces)
-    logger.info("release %s: %d partition(s) on the dask engine", spec.release_id, pieces)
-    try:
-        with release_progress(_STAGES * pieces, f"release {spec.release_id}"):
-            return _release(spec, plan, key, operator, store, started_at, figures_dir, output_dir, lease.scratch)
-    finally:
-        lease.close()
-        _flush_workers()
+    return govern(spec, DaskEngine())
 
 
-def _release(spec, plan, key, operator, store, started_at, figures_dir, output_dir, scratch) -> dict:
-    """Everything after the checks that need no data: intake, anonymisation, the spend, the stages, the record."""
-    logger = get_run_logger()
-    table = _intake(spec, plan, scratch)
-    record = base_manifest(spec, {**plan.report(), "rows": table.rows}, key)
-    current = unchanged_release(store, spec, record["content_key"])
-    if current is not None:
-        return unchanged_outcome(spec, current)
-    record["execution"] = {
-        "flow_run_id": str(flow_run.id), "operator": operator, "started_at": started_at,
-        "engine": "dask", "partitions": len(plan.pieces),
-        "cluster": spec.execution.scheduler or f"local, {spec.execution.workers} worker process(es)",
-    }
-    logger.info("release %s: %d records in", spec.release_id, table.rows)
+class DaskEngine:
+    """The release partition by partition on the flow's Dask cluster: the source planned in pieces, then
+    intake, the histogram's shards, the anonymiser and the checks before ε on the workers; on the reserved
+    budget, the seed, perturb and suppress, the parts, the gate and the manifest (``_spend_check_stage``)."""
 
-    sharded = _anonymise(spec, plan, table, scratch)
-    anonymised = sharded.anonymised()
-    classes = anonymised.classes
-    record["anonymiser"] = classes.report
-    record["hierarchies"] = classes.report.get("hierarchies", {})
-    _distribute(spec, plan, table, scratch)
-    verdicts = Verdicts()
-    record["pre_epsilon"] = _pre_epsilon(verdicts, spec, store, key, table, sharded, plan, scratch)
-    if spec.max_journalist_risk is not None or spec.max_marketer_risk is not None:
-        # The certificate's optional gates on the anonymiser's groups, counted by the class partitions.
-        verdicts.attempt("journalist and marketer risk", lambda: refuse_risk_over_limits_on_partitions(
-            spec, scratch, len(plan.pieces), classes.levels, anonymised.hierarchies, _on_cluster))
-    coder = GroupCoder.build(spec, anonymised.hierarchies, anonymised.criteria)
+    def __init__(self) -> None:
+        self.plan = None
+        self.table = None
+        self.scratch: Scratch | None = None
 
-    record["approval"] = check_approval(spec, operator, store, record)
-    reservation = reserve_epsilon(spec, key, operator, store, record)
-    record["budget"] = {"reservation_id": reservation.id, "epsilon_reserved": spec.epsilon, "reused": reservation.reused}
-    fault_point("after-reservation")
+    def read_source(self, spec: ReleaseSpec) -> SourceFacts:
+        self.plan = plan = plan_source_task.submit(spec.source, spec.execution.partitions).result()
+        return SourceFacts(sha256=plan.sha256, columns=tuple(plan.names), size_basis=plan.memory_bytes,
+                           report=plan.report())
 
-    record["private_figures"] = str(figures_dir)
-    publication = figure_inputs = None
-    try:
-        record, publication, figure_inputs = _spend_check_stage(
-            spec, key, plan, table, anonymised, coder, reservation, store, record, output_dir, scratch
-        )
-        fault_point("before-audit-commit")
-        record_outcome(record, "published", reservation.id, store)
-    except BaseException as failure:  # noqa: B036 - ε is reserved: every failure, of any type, is recorded
+    @contextmanager
+    def workspace(self, spec: ReleaseSpec, output_dir: str):
+        """The run's scratch (refused here without room), the progress of its partitions; the scratch
+        removed and the workers' logs flushed whatever happens."""
+        lease = _prepare_scratch(spec, output_dir, self.plan.memory_bytes)
+        self.scratch = lease.scratch
+        pieces = len(self.plan.pieces)
+        get_run_logger().info("release %s: %d partition(s) on the dask engine", spec.release_id, pieces)
+        try:
+            with release_progress(_STAGES * pieces, f"release {spec.release_id}"):
+                yield
+        finally:
+            lease.close()
+            _flush_workers()
+
+    def intake(self, spec: ReleaseSpec) -> int:
+        self.table = _intake(spec, self.plan, self.scratch)
+        return self.table.rows
+
+    def execution(self, spec: ReleaseSpec) -> dict:
+        return {"engine": "dask", "partitions": len(self.plan.pieces),
+                "cluster": spec.execution.scheduler or f"local, {spec.execution.workers} worker process(es)"}
+
+    def anonymise(self, spec: ReleaseSpec, store: str, key: str, record: dict, output_dir: str) -> Spend:
+        plan, table, scratch = self.plan, self.table, self.scratch
+        sharded = _anonymise(spec, plan, table, scratch)
+        anonymised = sharded.anonymised()
+        classes = anonymised.classes
+        record["anonymiser"] = classes.report
+        record["hierarchies"] = classes.report.get("hierarchies", {})
+        _distribute(spec, plan, table, scratch)
+        verdicts = Verdicts()
+        record["pre_epsilon"] = _pre_epsilon(verdicts, spec, store, key, table, sharded, plan, scratch)
+        if spec.max_journalist_risk is not None or spec.max_marketer_risk is not None:
+            # The certificate's optional gates on the anonymiser's groups, counted by the class partitions.
+            verdicts.attempt("journalist and marketer risk", lambda: refuse_risk_over_limits_on_partitions(
+                spec, scratch, len(plan.pieces), classes.levels, anonymised.hierarchies, _on_cluster))
+        coder = GroupCoder.build(spec, anonymised.hierarchies, anonymised.criteria)
+
+        def spend(reservation, record):
+            return _spend_check_stage(spec, key, plan, table, anonymised, coder, reservation, store, record,
+                                      output_dir, scratch)
+
+        return spend
+
+    def discard(self, spec: ReleaseSpec, output_dir: str, failure: BaseException) -> None:
         if isinstance(failure, ValidationFailed):
             # The in-memory path writes nothing when the gate fails; here the parts were written first.
             shutil.rmtree(staging_directory(output_dir, spec.release_id), ignore_errors=True)
-        _fail_after_reservation(record, failure, reservation.id, store)
-    fault_point("after-audit-commit")
-    _move_into_place(spec.release_id, publication)
-    publish_report_artifacts(record)
-    _release_figures(spec, figure_inputs, figures_dir)
-    write_release_certificate(record, store, figures_dir)  # docs/certificate.md
-    logger.info("release %s published: %d records", spec.release_id, record["rows_published"])
-    return record
 
 
 def _on_cluster(name: str, function, arguments: list[tuple]) -> list:
