@@ -347,3 +347,23 @@ def test_a_claim_whose_owner_was_killed_is_free(tmp_path):
         if holder.poll() is None:
             holder.kill()
             holder.wait()
+
+
+# --- the head log's setting: named, never its value ---------------------------------------------
+
+
+@pytest.mark.parametrize("value", ["1e10", "nan"])
+@pytest.mark.parametrize("command", [["budget", "P"], ["verify"]])
+def test_an_absurd_head_log_setting_is_named_not_repeated(tmp_path, monkeypatch, value, command):
+    """KEPSILON_AUDIT_HEAD_LOG=1e10 names a file that is not the store's log: the refusal (and verify's report)
+    names the variable, never the value typed (it used to say "its head log '1e10' is missing")."""
+    monkeypatch.chdir(tmp_path)  # the value, a relative path, lands here
+    store = tmp_path / "store" / "audit.db"
+    set_cap(open_store(store), "P", 1.0, "officer", "a store with chain entries")
+    monkeypatch.setenv("KEPSILON_AUDIT_HEAD_LOG", value)
+    result = runner.invoke(app, ["audit", "--db", str(store), *command])
+    assert result.exit_code == 2, result.output
+    assert "KEPSILON_AUDIT_HEAD_LOG" in result.output and "Traceback" not in result.output
+    assert not_quoted(result.output, value), result.output
+    if command[0] == "budget":
+        one_line(result.output)
