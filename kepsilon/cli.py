@@ -447,6 +447,8 @@ def release(
         os.environ["KEPSILON_AUDIT_DB"] = str(db)
     if key is not None:  # the flow runs here and reads the key file itself: a path, never a flow parameter
         os.environ["KEPSILON_SIGNING_KEY"] = str(key)
+    # The dask engine's local workers keep failed tasks' tracebacks off this terminal too (kepsilon/worker_console.py).
+    os.environ["KEPSILON_WORKER_TRACEBACKS"] = "shown" if debug else "hidden"
     if not debug:
         # Prefect's log shipper writes "--- Error logging to API ---" to stderr itself when its server is
         # gone, unless logging's own error reporting is off; the outcome line says what matters.
