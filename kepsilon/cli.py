@@ -328,11 +328,16 @@ def _refused(failure: KepsilonError, debug: bool) -> None:
     raise typer.Exit(code=2)
 
 
-def _crashed(failure: Exception, quiet: RefusalTracebacks, debug: bool) -> None:
+def _crashed(failure: Exception, quiet: RefusalTracebacks, debug: bool, verdict: str = "release failed:") -> None:
+    """A crash (not a refusal): its traceback, then one line ``<verdict> <error>``, exit 1.
+
+    ``verdict`` names the command that crashed: ``kepsilon check`` says "check failed:", since it
+    publishes and spends nothing and "release failed" would suggest a release was attempted.
+    """
     if debug or not any(failure is shown for shown in quiet.tracebacks_shown):
         traceback.print_exception(failure, file=sys.stderr)
     errors.print(
-        f"[bold red]release failed:[/] {escape(type(failure).__name__)}: {escape(str(failure))}", soft_wrap=True
+        f"[bold red]{escape(verdict)}[/] {escape(type(failure).__name__)}: {escape(str(failure))}", soft_wrap=True
     )
     raise typer.Exit(code=1)
 
@@ -561,7 +566,7 @@ def check(
         errors.print(f"[bold red]check refused:[/] {escape(str(failure))}", soft_wrap=True)
         raise typer.Exit(code=2) from None
     except Exception as failure:
-        _crashed(failure, quiet, debug)
+        _crashed(failure, quiet, debug, verdict="check failed:")
     from kepsilon.flows.check import verdict_lines
 
     console.print(f"check of release {escape(result['release_id'])} (nothing reserved, drawn or published):", soft_wrap=True)

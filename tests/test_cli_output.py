@@ -231,6 +231,25 @@ def test_a_crash_still_says_what_failed_and_where(workspace):
     assert _only_line(err, "release failed:") == "release failed: RuntimeError: simulated crash while reading"
 
 
+def test_a_check_that_crashes_says_check_failed(workspace):
+    """``kepsilon check`` publishes and spends nothing: its crash line must not say a release failed."""
+    work, _ = workspace
+    crash = (
+        "import sys\n"
+        "import kepsilon.tasks.ingest as ingest\n"
+        "def crash(source):\n"
+        "    raise RuntimeError('simulated crash while reading')\n"
+        "ingest.read_source = crash\n"
+        "from kepsilon.cli import app\n"
+        f"sys.argv = ['kepsilon', 'check', {str(work / 'spec.yaml')!r}, '--release-id', 'cli-check-crash']\n"
+        "app()\n"
+    )
+    code, out, err = run(workspace, command=[sys.executable, "-c", crash])
+    assert code == 1
+    assert _only_line(err, "check failed:") == "check failed: RuntimeError: simulated crash while reading"
+    assert "release failed" not in err + out
+
+
 def test_a_failed_gate_says_failed_and_that_its_epsilon_is_spent(workspace):
     # The gate runs on the noisy release, after the spend: "refused" would tell the steward nothing was spent.
     work, _ = workspace
