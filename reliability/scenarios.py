@@ -186,8 +186,11 @@ def race_scenario(results: Results, env: dict, work: Path, source: Path, process
     label = f"{processes} processes, cap {cap}, ε {epsilon} each [{work.name}]"
     results.add(cat, f"{label}: exactly {admissible} succeed", len(winners) == admissible, f"succeeded {len(winners)}")
     refused_properly = all(outcomes[r][0] == 2 and BUDGET_MESSAGE in _flat(outcomes[r][1]) for r in losers)
+    # What each loser said (its last line): a loser refused for another reason than the budget is told apart.
+    said = "; ".join(f"{r}: {_flat(outcomes[r][1].strip().splitlines()[-1] if outcomes[r][1].strip() else '')[:160]}"
+                     for r in losers if not (outcomes[r][0] == 2 and BUDGET_MESSAGE in _flat(outcomes[r][1])))
     results.add(cat, f"{label}: the others exit 2 with the budget message", refused_properly and len(losers) == processes - admissible,
-                f"exit codes {sorted(outcomes[r][0] for r in losers)}")
+                f"exit codes {sorted(outcomes[r][0] for r in losers)}" + (f"; not the budget message: {said}" if said else ""))
     db = work / "audit.db"
     for r in losers:
         kinds = ledger_kinds(db, r)
