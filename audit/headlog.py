@@ -59,6 +59,26 @@ def head_log_path(store: str | Path, head_log: str | Path | None = None) -> Path
     return default_head_log(store)
 
 
+def head_log_place(path: str | Path) -> str:
+    """Where the head log at ``path`` is, as a message says it: the setting's name when KEPSILON_AUDIT_HEAD_LOG
+    chose it, else the path.
+
+    A setting's value is never repeated in a message (the rule for bad settings: name the setting, not what
+    was typed, which may be absurd or private); the default place in the state folder was not typed by
+    anyone, and its path is what an operator needs to find it.
+    """
+    configured = settings.current().audit_head_log
+    if configured is not None and Path(configured) == Path(path):
+        return ENV_HEAD_LOG
+    return str(path)
+
+
+def head_log_named(path: str | Path) -> str:
+    """``its head log '<path>'``, or ``its head log (KEPSILON_AUDIT_HEAD_LOG)`` when the setting chose it."""
+    place = head_log_place(path)
+    return f"its head log ({place})" if place == ENV_HEAD_LOG else f"its head log {place!r}"
+
+
 def state_folder() -> Path:
     """Where the default head logs live: ``$XDG_STATE_HOME/kepsilon/heads`` or ``~/.local/state/kepsilon/heads``."""
     base = os.environ.get("XDG_STATE_HOME") or str(Path.home() / ".local" / "state")

@@ -43,7 +43,15 @@ import sqlite_utils
 
 from .chain import verify_chain
 from .errors import VERIFY_HINT, StoreCompromised, error_label, sqlite_cause
-from .headlog import ENV_HEAD_LOG, LoggedHead, adopt_legacy_head_log, head_log_path, read_heads
+from .headlog import (
+    ENV_HEAD_LOG,
+    LoggedHead,
+    adopt_legacy_head_log,
+    head_log_named,
+    head_log_path,
+    head_log_place,
+    read_heads,
+)
 from .store import GENESIS_HASH, busy_timeout_ms, database_file
 from .witness import Witness, compare_with_witnesses, find_witnesses, published_folders
 
@@ -330,10 +338,10 @@ def _read_log(path: Path, inspection: Inspection) -> list[LoggedHead]:
     try:
         heads, unreadable = read_heads(path)
     except OSError as error:
-        inspection.problems.append(f"its head log {str(path)!r} cannot be read ({type(error).__name__})")
+        inspection.problems.append(f"{head_log_named(path)} cannot be read ({type(error).__name__})")
         return []
     if unreadable and not heads:
-        inspection.problems.append(f"its head log {str(path)!r} has no readable line (damaged, or not a head log)")
+        inspection.problems.append(f"{head_log_named(path)} has no readable line (damaged, or not a head log)")
     return heads
 
 
@@ -345,12 +353,12 @@ def _compare_with_log(conn, entries: int, heads: list[LoggedHead], log_path: Pat
     if not heads:
         if entries > 0:
             inspection.problems.append(
-                f"its head log {str(log_path)!r} is missing or empty, but the store has {entries} chain entries "
+                f"{head_log_named(log_path)} is missing or empty, but the store has {entries} chain entries "
                 f"(deleted, or {ENV_HEAD_LOG} changed): restore it, or set {ENV_HEAD_LOG} to where it is"
             )
-            inspection.head_log = f"missing at {log_path}"
+            inspection.head_log = f"missing at {head_log_place(log_path)}"
             return
-        inspection.head_log = f"none yet at {log_path} (the store has no entries)"
+        inspection.head_log = f"none yet at {head_log_place(log_path)} (the store has no entries)"
         return
     latest = max(heads, key=lambda head: head.entries)
     if entries < latest.entries:

@@ -36,7 +36,7 @@ from kepsilon import settings
 from kepsilon.tasks.errors import SpecError
 
 from .errors import StoreUnavailable, sqlite_cause, unavailable
-from .headlog import append_head, check_head_log_place, head_log_path
+from .headlog import append_head, check_head_log_place, head_log_named, head_log_path
 from .private import (
     DEFAULT_FOLDER,
     check_not_shared,
@@ -643,7 +643,7 @@ def _log_head(conn: sqlite3.Connection, entries: int, head_hash: str) -> None:
         append_head(path, entries, head_hash, store)
     except OSError as error:
         raise StoreUnavailable(
-            f"audit store {store!r}: the change was committed but its head log {str(path)!r} could not be "
+            f"audit store {store!r}: the change was committed but {head_log_named(path)} could not be "
             f"written ({type(error).__name__}); make it writable (or set KEPSILON_AUDIT_HEAD_LOG) and rerun"
         ) from None
 

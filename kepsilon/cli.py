@@ -20,6 +20,7 @@ import contextlib
 import logging
 import os
 import sys
+import time
 import traceback
 from collections.abc import Iterator
 from datetime import UTC, datetime
@@ -344,11 +345,16 @@ def _refused(failure: KepsilonError, debug: bool) -> None:
     raise typer.Exit(code=2)
 
 
-def _crashed(failure: Exception, quiet: RefusalTracebacks, debug: bool) -> None:
+def _crashed(failure: Exception, quiet: RefusalTracebacks, debug: bool, verdict: str = "release failed:") -> None:
+    """A crash (not a refusal): its traceback, then one line ``<verdict> <error>``, exit 1.
+
+    ``verdict`` names the command that crashed: ``kepsilon check`` says "check failed:", since it
+    publishes and spends nothing and "release failed" would suggest a release was attempted.
+    """
     if debug or not any(failure is shown for shown in quiet.tracebacks_shown):
         traceback.print_exception(failure, file=sys.stderr)
     errors.print(
-        f"[bold red]release failed:[/] {escape(type(failure).__name__)}: {escape(str(failure))}", soft_wrap=True
+        f"[bold red]{escape(verdict)}[/] {escape(type(failure).__name__)}: {escape(str(failure))}", soft_wrap=True
     )
     raise typer.Exit(code=1)
 
@@ -412,6 +418,59 @@ def _prefect_failure(failure: BaseException) -> str:
     return f"the Prefect client failed ({type(failure).__name__})"
 
 
+# A release the Prefect server was too busy to start (its SQLite database answers 503 while other runs
+# write; the client gives up after CLIENT_MAX_RETRIES) is started again, up to BUSY_SERVER_STARTS starts in
+# all, the waits doubling from BUSY_SERVER_WAIT seconds, and not once BUSY_SERVER_PATIENCE seconds have passed
+# since the first start: a server stuck for longer (each call waiting out its 60 s busy timeout) is reported
+# from the store at once, as before.
+BUSY_SERVER_STARTS = 4
+BUSY_SERVER_WAIT = 2.0
+BUSY_SERVER_PATIENCE = 45.0
+
+
+def _before_the_release_began(failure: Exception, watch, release_id: str, started: str) -> bool:
+    """Whether ``failure`` is the Prefect server failing a run that had not begun: worth starting again.
+
+    All three must hold: the failure is the Prefect client's (a transport error or a 5xx answer); the
+    server answers now (busy, not dead: a dead one is reported from the store at once); and the audit
+    store holds nothing of the release from this run (no open reservation, no failure, not published),
+    so starting it again is exactly the rerun the store's line would ask the user for.
+    """
+    from kepsilon.audit.store import store_path
+    from kepsilon.orchestrator import api_answers, store_outcome
+
+    if isinstance(failure, KepsilonError) or watch is None or not _talking_to_prefect_failed(failure):
+        return False
+    if not api_answers(watch.api_url, seconds=10):
+        return False
+    return store_outcome(store_path(), release_id, started).state == "nothing"
+
+
+def _release_despite_a_busy_server(run, spec, watch, started: str) -> dict:
+    """``run(spec)``, started again when the Prefect server failed it before the release began.
+
+    Several releases at once keep a Prefect server's SQLite database busy; when its 503 outlasts the
+    client's bounded retries while the flow run is being created, the release never began. Telling the
+    user "nothing reserved, recorded or published" was true, but a loser of a budget race then never
+    learned that it was over the budget (and left no refusal record), and a release that fitted was
+    simply not run. A note says each new start; any other failure is raised as before.
+    """
+    attempt, first_start = 1, time.monotonic()
+    while True:
+        try:
+            return run(spec)
+        except Exception as failure:
+            if (attempt == BUSY_SERVER_STARTS or time.monotonic() - first_start > BUSY_SERVER_PATIENCE
+                    or not _before_the_release_began(failure, watch, spec.release_id, started)):
+                raise
+            wait = BUSY_SERVER_WAIT * 2 ** (attempt - 1)
+            watch.lost = False  # its health check may have timed out under the same load; it answers now
+            _note(f"note: {_prefect_failure(failure)} before release {spec.release_id!r} began (nothing of it in the "
+                  f"audit store); starting it again in {wait:g} s ({attempt + 1} of {BUSY_SERVER_STARTS})")
+        time.sleep(wait)
+        attempt += 1
+
+
 def _drop_undeliverable() -> None:
     from kepsilon.orchestrator import discard_undeliverable
 
@@ -463,6 +522,8 @@ def release(
         os.environ["KEPSILON_AUDIT_DB"] = str(db)
     if key is not None:  # the flow runs here and reads the key file itself: a path, never a flow parameter
         os.environ["KEPSILON_SIGNING_KEY"] = str(key)
+    # The dask engine's local workers keep failed tasks' tracebacks off this terminal too (kepsilon/worker_console.py).
+    os.environ["KEPSILON_WORKER_TRACEBACKS"] = "shown" if debug else "hidden"
     if not debug:
         # Prefect's log shipper writes "--- Error logging to API ---" to stderr itself when its server is
         # gone, unless logging's own error reporting is off; the outcome line says what matters.
@@ -485,7 +546,7 @@ def release(
             lost = ConnectionNoise(get_current_settings().api.url)
             with contextlib.nullcontext() if debug else _console_filter(quiet), _console_filter(lost), _stage_bars():
                 try:
-                    manifest = governed_release(spec)
+                    manifest = _release_despite_a_busy_server(governed_release, spec, lost, started)
                 finally:
                     if _orchestrator_lost(lost):
                         _drop_undeliverable()
@@ -575,7 +636,7 @@ def check(
         errors.print(f"[bold red]check refused:[/] {escape(str(failure))}", soft_wrap=True)
         raise typer.Exit(code=2) from None
     except Exception as failure:
-        _crashed(failure, quiet, debug)
+        _crashed(failure, quiet, debug, verdict="check failed:")
     from kepsilon.flows.check import verdict_lines
 
     console.print(f"check of release {escape(result['release_id'])} (nothing reserved, drawn or published):", soft_wrap=True)

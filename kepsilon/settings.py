@@ -80,8 +80,8 @@ class Settings:
     )
     worker_tracebacks: str | None = _setting(
         "KEPSILON_WORKER_TRACEBACKS",
-        "`hidden` keeps failed Dask tasks' tracebacks off the local workers' consoles; `kepsilon check` sets it "
-        "(`shown` with `--debug`).",
+        "`hidden` keeps failed Dask tasks' tracebacks off the local workers' consoles; `kepsilon release` and "
+        "`kepsilon check` set it (`shown` with `--debug`).",
         "shown",
     )
     signing_key: Path | None = _setting(

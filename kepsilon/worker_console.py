@@ -5,8 +5,9 @@ on an exception (``kepsilon.cli.RefusalTracebacks``): the CLI itself prints the 
 traceback of a real crash. The dask engine's local workers are processes of their own that write to
 the same terminal, where each failed partition added its own traceback before that line (a bad
 Parquet column, a full disk: one per partition). When the CLI asks for it (env
-``KEPSILON_WORKER_TRACEBACKS=hidden``, set by ``kepsilon release`` without ``--debug`` and inherited by
-the local cluster's workers), a worker's Prefect console handler drops them the same way. The records
+``KEPSILON_WORKER_TRACEBACKS=hidden``, set by ``kepsilon release`` and ``kepsilon check`` without
+``--debug`` and inherited by the local cluster's workers), a worker's Prefect console handler drops them
+the same way, whichever task failed (intake, shards, certificate, publication). The records
 still reach the Prefect server (the run's logs); workers of a cluster of your own are left as they are.
 """
 

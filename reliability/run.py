@@ -97,6 +97,17 @@ def run_all(args) -> tuple[Results, list[dict], dict, dict[str, float], list[dic
             bad_day.extend(bad_day_scenario(results, env, base / "bad-day", small, lock_seconds=tuple(args.lock_seconds),
                                             busy_timeout=args.busy_timeout, late_lock_seconds=args.late_lock_seconds))
 
+        def races() -> None:
+            for trial in range(args.race_trials):
+                race_scenario(results, env, base / f"race-{trial}", small, args.processes)
+            results.counts["races × processes"] = (
+                f"{args.race_trials} trials × {args.processes} concurrent processes (cap 1.0, ε 0.4 each: 2 admissible)"
+            )
+
+        if args.races_only:
+            timed("races", races)
+            return _finish(results, base), [], {}, timings, []
+
         if args.bad_day_only:
             timed("bad day", day)
             return _finish(results, base), [], {}, timings, bad_day
@@ -126,13 +137,6 @@ def run_all(args) -> tuple[Results, list[dict], dict, dict[str, float], list[dic
                 pool.shutdown(wait=False, cancel_futures=True)
             results.counts["kill points × runs"] = (
                 f"{len(FAULT_POINTS)} × {args.fault_runs} (each: SIGKILL, rerun, 2 further reruns; {args.fault_rows} records)"
-            )
-
-        def races() -> None:
-            for trial in range(args.race_trials):
-                race_scenario(results, env, base / f"race-{trial}", small, args.processes)
-            results.counts["races × processes"] = (
-                f"{args.race_trials} trials × {args.processes} concurrent processes (cap 1.0, ε 0.4 each: 2 admissible)"
             )
 
         def bad_input() -> None:
@@ -297,6 +301,8 @@ def main() -> int:
     parser.add_argument("--late-lock-seconds", type=float, default=90)
     parser.add_argument("--busy-timeout", type=float, default=60, help="KEPSILON_AUDIT_BUSY_TIMEOUT for the lock scenarios")
     parser.add_argument("--bad-day-only", action="store_true", help="run only the bad-day scenarios")
+    parser.add_argument("--races-only", action="store_true",
+                        help="run only the budget races (--race-trials trials of --processes processes)")
     parser.add_argument("--dask-rows", type=int, default=4000, help="records of the Dask scenarios' source")
     parser.add_argument("--skip-dask", action="store_true", help="leave out the Dask engine's scenarios")
     parser.add_argument("--bad-settings-only", action="store_true",

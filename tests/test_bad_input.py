@@ -374,3 +374,23 @@ def test_a_field_of_the_other_privacy_model_is_refused_by_the_cli_in_one_line(
     assert result.exit_code == 2, line
     assert f"'{parameter}'" in line and "privacy_model" in line and "Traceback" not in result.output, line
     assert ledger_rows(tmp_path / "audit.db") == []
+
+
+# --- the head log's setting: named, never its value ---------------------------------------------
+
+
+@pytest.mark.parametrize("value", ["1e10", "nan"])
+@pytest.mark.parametrize("command", [["budget", "P"], ["verify"]])
+def test_an_absurd_head_log_setting_is_named_not_repeated(tmp_path, monkeypatch, value, command):
+    """KEPSILON_AUDIT_HEAD_LOG=1e10 names a file that is not the store's log: the refusal (and verify's report)
+    names the variable, never the value typed (it used to say "its head log '1e10' is missing")."""
+    monkeypatch.chdir(tmp_path)  # the value, a relative path, lands here
+    store = tmp_path / "store" / "audit.db"
+    set_cap(open_store(store), "P", 1.0, "officer", "a store with chain entries")
+    monkeypatch.setenv("KEPSILON_AUDIT_HEAD_LOG", value)
+    result = runner.invoke(app, ["audit", "--db", str(store), *command])
+    assert result.exit_code == 2, result.output
+    assert "KEPSILON_AUDIT_HEAD_LOG" in result.output and "Traceback" not in result.output
+    assert not_quoted(result.output, value), result.output
+    if command[0] == "budget":
+        one_line(result.output)

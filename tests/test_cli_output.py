@@ -231,6 +231,69 @@ def test_a_crash_still_says_what_failed_and_where(workspace):
     assert _only_line(err, "release failed:") == "release failed: RuntimeError: simulated crash while reading"
 
 
+def test_a_check_that_crashes_says_check_failed(workspace):
+    """``kepsilon check`` publishes and spends nothing: its crash line must not say a release failed."""
+    work, _ = workspace
+    crash = (
+        "import sys\n"
+        "import kepsilon.tasks.ingest as ingest\n"
+        "def crash(source):\n"
+        "    raise RuntimeError('simulated crash while reading')\n"
+        "ingest.read_source = crash\n"
+        "from kepsilon.cli import app\n"
+        f"sys.argv = ['kepsilon', 'check', {str(work / 'spec.yaml')!r}, '--release-id', 'cli-check-crash']\n"
+        "app()\n"
+    )
+    code, out, err = run(workspace, command=[sys.executable, "-c", crash])
+    assert code == 1
+    assert _only_line(err, "check failed:") == "check failed: RuntimeError: simulated crash while reading"
+    assert "release failed" not in err + out
+
+
+# The Prefect server answers 503 to the first two flow-run creations (its SQLite database busy with other
+# runs), as it did to one of four releases racing for one budget: the client's bounded retries give up
+# before the release has begun. Injected at the HTTP client, below Prefect's own retry loop.
+BUSY_AT_FLOW_RUN_CREATION = """
+import sys
+import httpx
+from kepsilon.cli import app
+
+busy = {{"left": 2}}
+real_send = httpx.Client.send
+
+def send(self, request, *args, **kwargs):
+    if request.method == "POST" and request.url.path.rstrip("/").endswith("/flow_runs") and busy["left"]:
+        busy["left"] -= 1
+        return httpx.Response(503, request=request, text="database is locked")
+    return real_send(self, request, *args, **kwargs)
+
+httpx.Client.send = send
+sys.argv = ["kepsilon", "release", {spec!r}, "--release-id", {release_id!r}, "--epsilon", "500"]
+app()
+"""
+
+
+def test_a_release_the_busy_server_did_not_start_is_started_again_and_refused_over_the_budget(workspace):
+    """A budget race's loser whose run the Prefect server was too busy to create: before, it exited 2 with
+    "nothing reserved, recorded or published" and left no refusal record; now the CLI starts it again once
+    the server answers and it is refused with the budget message and recorded as refused."""
+    work, env = workspace
+    script = BUSY_AT_FLOW_RUN_CREATION.format(spec=greedy_spec(workspace), release_id="cli-busy-server")
+    plain = {name: value for name, value in env.items() if name != "PREFECT_CLIENT_MAX_RETRIES"}  # the CLI's own bound
+    code, out, err = run(workspace, command=[sys.executable, "-c", script], env=plain)
+    assert code == 2, err
+    line = _only_line(err, "release refused:")
+    assert "exceeds the remaining budget" in line, err
+    assert "starting it again" in err and "Traceback" not in err + out
+    conn = sqlite3.connect(work / "audit.db")
+    try:
+        outcomes = [o for (o,) in conn.execute("SELECT outcome FROM releases WHERE release_id = 'cli-busy-server'")]
+        ledger = conn.execute("SELECT COUNT(*) FROM ledger WHERE release_id = 'cli-busy-server'").fetchone()[0]
+    finally:
+        conn.close()
+    assert outcomes == ["refused"] and ledger == 0
+
+
 def test_a_failed_gate_says_failed_and_that_its_epsilon_is_spent(workspace):
     # The gate runs on the noisy release, after the spend: "refused" would tell the steward nothing was spent.
     work, _ = workspace

@@ -205,3 +205,17 @@ def test_a_deleted_seed_key_is_refused_not_recreated_and_the_rerun_resumes_once_
     results = Results()
     deleted_seed_key(results, server, base / "seed-key", sample)
     assert_all_pass(results, CATEGORY, minimum=11)
+
+
+@pytest.mark.heavy  # a Dask release (cluster start), the disk filled under it, and its rerun: over a minute
+def test_a_full_disk_under_a_dask_release_prints_one_line_and_no_worker_traceback(server, base, sample):
+    """The full-disk case of make reliability's bad settings: the output and scratch on a 32 MiB tmpfs filled
+    right after the reservation. One ``release failed`` line naming the full disk, exit 2, no traceback from
+    the local workers' tasks (the shard tasks printed theirs when ``kepsilon release`` stopped asking the
+    workers to hide them), recorded as failed; the rerun with room again publishes on the same reservation."""
+    from reliability.scenarios import SETTINGS_CATEGORY, full_disk_dask
+
+    results = Results()
+    if full_disk_dask(results, server, base / "full-disk", sample) is None:
+        pytest.skip("no tmpfs mount here (needs root in a container that allows mount)")
+    assert_all_pass(results, SETTINGS_CATEGORY, minimum=4)
