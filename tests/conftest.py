@@ -43,9 +43,15 @@ def private_state_folder(tmp_path_factory):
         yield
 
 
-@pytest.fixture(scope="module")
+@pytest.fixture(scope="session")
 def prefect_harness():
-    """A Prefect test server for a module of flow runs (``pytest.mark.usefixtures("prefect_harness")``)."""
+    """One Prefect test server (temporary database) for every in-process flow run of the session
+    (``pytest.mark.usefixtures("prefect_harness")``); under pytest-xdist, one per worker.
+
+    It was one per module: 13 modules started one each, a few seconds apiece on a loaded 2-core machine.
+    Tests that read the API back filter by their own flow run, artifact key or release id, so runs of
+    other modules in the same database do not change what they see.
+    """
     from prefect.testing.utilities import prefect_test_harness
 
     with prefect_test_harness(server_startup_timeout=120):
