@@ -16,6 +16,12 @@ ADULT = ROOT / "data" / "adult"
 # Tests of that lookup set PREFECT_PORT themselves.
 os.environ["PREFECT_PORT"] = "1"
 
+# pytest-xdist's workers set COLUMNS=80 and LINES=24 (execnet's defaults): a CLI run in a tmux pane or with
+# CliRunner's own COLUMNS would be drawn 80 wide, as no user's terminal is. Tests run as the suite does serially.
+if os.environ.get("PYTEST_XDIST_WORKER"):
+    os.environ.pop("COLUMNS", None)
+    os.environ.pop("LINES", None)
+
 
 def release_spec_dict(name: str, **changes) -> dict:
     """A shipped release spec (``releases/<name>.yaml``) as a mapping with absolute paths, changed as asked."""
