@@ -44,6 +44,17 @@ def _put_back(store: Path, backup: Path) -> None:
     shutil.copy(backup, store)
 
 
+def _backup(store: Path, backup: Path) -> None:
+    """An operator's backup, taken as SQLite takes one (the backup API): a consistent copy whatever the WAL holds.
+    A plain copy of the main file while the WAL still held pages put back a torn store (SQLITE_IOERR_SHORT_READ)."""
+    source, target = sqlite3.connect(store), sqlite3.connect(backup)
+    try:
+        source.backup(target)
+    finally:
+        target.close()
+        source.close()
+
+
 def _ledger_rows(store: Path) -> int:
     conn = sqlite3.connect(store)
     try:
@@ -63,7 +74,7 @@ def rolled_back(tmp_path, monkeypatch, synthetic_spec_dict):
     _release(synthetic_spec_dict, "r1")
     _checkpointed(store)
     backup, log_backup = tmp_path / "backup.db", tmp_path / "backup.heads"
-    shutil.copy(store, backup)
+    _backup(store, backup)
     shutil.copy(head_log_path(store), log_backup)
     _release(synthetic_spec_dict, "r2")
     _put_back(store, backup)
