@@ -61,6 +61,7 @@ from kepsilon.tasks.partitioned import (
     DATASET,
     GroupCoder,
     GroupCounts,
+    TableIntake,
     combine_intakes,
     combine_outcome,
     combine_perturbation,
@@ -94,6 +95,7 @@ from kepsilon.tasks.publish import (
 from kepsilon.tasks.record import escrowed_seed, mark_spent
 from kepsilon.tasks.scratch import Scratch, ScratchLease, private_root
 from kepsilon.tasks.shards import ShardedClasses, anonymise_shards, merge_shard
+from kepsilon.tasks.sources import SourcePlan
 from kepsilon.tasks.validate import validate_aggregated, validation_failure, weight_column_name
 
 # Room the scratch folder needs, as a multiple of the table's size in memory: the classified records,
@@ -138,14 +140,18 @@ def scheduler_security(address: str):
     """The client's ``Security`` for an existing scheduler: for ``tls://``, the CA, certificate and key of
     Dask's configuration (``distributed.comm.tls.*``, e.g. the env settings ``TLS_SETTINGS``), checked to
     be readable; for another protocol, none (the cluster is then as open as its network: docs/dask.md)."""
+    import dask
     from distributed import Security
 
     if not address.startswith("tls://"):
         return Security()
     security = Security(require_encryption=True)
-    files = {"CA": security.tls_ca_file, "certificate": security.tls_client_cert}
-    if security.tls_client_key:
-        files["key"] = security.tls_client_key
+    # The keys ``Security`` itself reads its TLS files from (its fields are slots mypy cannot see).
+    ca_file, client_cert, client_key = (dask.config.get(f"distributed.comm.tls.{name}")
+                                        for name in ("ca-file", "client.cert", "client.key"))
+    files: dict[str, str | None] = {"CA": ca_file, "certificate": client_cert}
+    if client_key:
+        files["key"] = client_key
     for what, path in files.items():
         if not path:
             raise SpecError("execution.scheduler", f"a tls:// scheduler needs this client's TLS {what}: set "
@@ -267,8 +273,9 @@ class DaskEngine:
     budget, the seed, perturb and suppress, the parts, the gate and the manifest (``_spend_check_stage``)."""
 
     def __init__(self) -> None:
-        self.plan = None
-        self.table = None
+        # Filled in the order ``govern`` calls the steps: read_source, workspace, intake, then anonymise.
+        self.plan: SourcePlan | None = None
+        self.table: TableIntake | None = None
         self.scratch: Scratch | None = None
 
     def read_source(self, spec: ReleaseSpec) -> SourceFacts:
@@ -280,6 +287,7 @@ class DaskEngine:
     def workspace(self, spec: ReleaseSpec, output_dir: str):
         """The run's scratch (refused here without room), the progress of its partitions; the scratch
         removed and the workers' logs flushed whatever happens."""
+        assert self.plan is not None, "govern calls read_source first"
         lease = _prepare_scratch(spec, output_dir, self.plan.memory_bytes)
         self.scratch = lease.scratch
         pieces = len(self.plan.pieces)
@@ -292,15 +300,18 @@ class DaskEngine:
             _flush_workers()
 
     def intake(self, spec: ReleaseSpec) -> int:
+        assert self.plan is not None and self.scratch is not None, "govern calls read_source and workspace first"
         self.table = _intake(spec, self.plan, self.scratch)
         return self.table.rows
 
     def execution(self, spec: ReleaseSpec) -> dict:
+        assert self.plan is not None, "govern calls read_source first"
         return {"engine": "dask", "partitions": len(self.plan.pieces),
                 "cluster": spec.execution.scheduler or f"local, {spec.execution.workers} worker process(es)"}
 
     def anonymise(self, spec: ReleaseSpec, store: str, key: str, record: dict, output_dir: str) -> Spend:
         plan, table, scratch = self.plan, self.table, self.scratch
+        assert plan is not None and table is not None and scratch is not None, "govern calls intake first"
         sharded = _anonymise(spec, plan, table, scratch)
         anonymised = sharded.anonymised()
         classes = anonymised.classes
@@ -451,7 +462,7 @@ def _each(name: str, futures: list, counted: bool = True) -> list:
     return results
 
 
-def _intake(spec: ReleaseSpec, plan, scratch: Scratch):
+def _intake(spec: ReleaseSpec, plan: SourcePlan, scratch: Scratch) -> TableIntake:
     """Stage A and its reduction: refusals in the in-memory order, then the whole table's histogram."""
     intakes = _each("intake", [intake_task.submit(plan, piece, spec, scratch) for piece in plan.pieces])
     pieces = len(plan.pieces)

@@ -38,13 +38,16 @@ it reads inputs nobody removed yet and replaces its outputs under their final na
 
 import os
 import uuid
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
+from typing import TypedDict
 
 import numpy as np
 import pandas as pd
-from prefect import task
+from prefect import Task, task
 from prefect.cache_policies import NO_CACHE
+from prefect.client.schemas.objects import State, TaskRun
 
 from kepsilon.engine.anonymise import AnonymisedTuples, histogram_of, k_anonymise_histogram
 from kepsilon.engine.assemble import merge_release_columns
@@ -115,8 +118,10 @@ def intake(plan: SourcePlan, piece: Piece, spec: ReleaseSpec, scratch: Scratch) 
     area = scratch
     for number, evidence in enumerate(findings.identifiers.values()):
         # Distinct values' hashes stay in the scratch; the flow counts their union only when needed.
-        area.write(evidence.hashes, "hashes", number, piece.index)
-        evidence.distinct, evidence.hashes = len(evidence.hashes), None
+        hashes = evidence.hashes
+        assert hashes is not None, "classify_findings(exact=False) hashes every column's distinct values"
+        area.write(hashes, "hashes", number, piece.index)
+        evidence.distinct, evidence.hashes = len(hashes), None
     values = None
     if all(pd.api.types.is_float_dtype(classified[q.column].dtype) for q in spec.roles.e_quasi):
         histogram = histogram_of(classified, spec, extremes=True)
@@ -169,12 +174,16 @@ def combine_intakes(intakes: list[Intake], spec: ReleaseSpec, distinct_counter) 
     names = spec.roles.names()
     for number, (column, evidence) in enumerate(findings.identifiers.items()):
         # After adding up, ``distinct`` is the pieces' distinct counts summed: an upper bound.
+        assert evidence.distinct is not None, "every intake counts its distinct values (``intake``)"
         suspicious = evidence.present >= NEAR_UNIQUE_MIN_ROWS and evidence.distinct > NEAR_UNIQUE_RATIO * evidence.present
         if suspicious and column not in names["e_quasi"]:
             evidence.distinct = distinct_counter(number)
     refuse_findings(findings, spec)
     offsets = np.cumsum([0] + [item.rows for item in intakes])[:-1].tolist()
-    values = {column: _add_counts([item.values[column] for item in intakes]) for column in intakes[0].values}
+    # Every piece has its counts once the findings pass: ``values`` is None only for ε-quasis refused above.
+    counts = [item.values for item in intakes if item.values is not None]
+    assert len(counts) == len(intakes), "refuse_findings refuses ε-quasis that are not numbers"
+    values = {column: _add_counts([piece[column] for piece in counts]) for column in counts[0]}
     return TableIntake(rows, offsets, findings, values)
 
 
@@ -525,21 +534,20 @@ def _error_sums(kept, perturbed, spec) -> dict:
 # --------------------------------------------------------------------------- reductions of stage C
 
 
-def add_reports(reports: list[dict]) -> dict:
+def add_reports(reports: Sequence[dict | None]) -> dict:
     """Partition reports added up: counts summed, parameters (k, c, ε, grids, texts) kept, mean scales
-    weighted by records."""
-    reports = [r for r in reports if r]
-    if not reports:
+    weighted by records. Empty or missing reports (a partition with nothing to report) are skipped."""
+    present = [r for r in reports if r]
+    if not present:
         return {}
-    total = {}
-    for key, value in reports[0].items():
-        values = [r.get(key) for r in reports]
+    total: dict = {}
+    for key, value in present[0].items():
         if isinstance(value, dict):
-            total[key] = add_reports(values)
+            total[key] = add_reports([r.get(key) for r in present])
         elif isinstance(value, bool) or not isinstance(value, (int, float)) or key in _PARAMETERS:
             total[key] = value  # a parameter, or a mean the caller recomputes from the parts
         else:
-            total[key] = type(value)(sum(values))
+            total[key] = type(value)(sum(r[key] for r in present))  # the parts' reports have the same keys
     return total
 
 
@@ -720,14 +728,22 @@ def _partition_task(function):
     return run
 
 
-def _worth_retrying(task, task_run, state) -> bool:
+def _worth_retrying(task: Task[..., object], task_run: TaskRun, state: State[object]) -> bool:
     """Retry a partition task unless it failed on the input or the spec (the same error again)."""
     return not isinstance(state.data, KepsilonError)
 
 
+class _Retries(TypedDict):
+    """``@task``'s retry options, typed so that ``**PARTITION_RETRIES`` matches the decorator's signature."""
+
+    retries: int
+    retry_delay_seconds: int
+    retry_condition_fn: Callable[[Task[..., object], TaskRun, State[object]], bool]
+
+
 # A partition's tasks are idempotent (see the module's docstring): a failure that may pass (a worker's
 # memory, a full or unreachable file system for a moment) is retried before the release fails.
-PARTITION_RETRIES = {"retries": 2, "retry_delay_seconds": 1, "retry_condition_fn": _worth_retrying}
+PARTITION_RETRIES: _Retries = {"retries": 2, "retry_delay_seconds": 1, "retry_condition_fn": _worth_retrying}
 
 
 @task(name="plan-source", cache_policy=NO_CACHE, persist_result=False)
