@@ -549,7 +549,7 @@ class ReleaseSpec(FormModel):
         data: dict[str, Any] = handler(self)
         if self.privacy_model != "dp" or (info.context or {}).get(EVERY_FIELD):
             return data
-        for name in KEPSILON_ONLY:
+        for name in FIELDS_OF_THE_METHODS_MODE:
             if name not in self.model_fields_set:
                 data.pop(name, None)
         for quasi, dumped in zip(self.roles.e_quasi, data.get("roles", {}).get("e_quasi", [])):
@@ -672,7 +672,7 @@ def require_kepsilon_mode(spec: "ReleaseSpec", what: str) -> None:
 # 0.98), so that a spec never states a parameter that does nothing. A dump of a DP spec leaves the method's
 # fields out (``ReleaseSpec._one_privacy_model``), so a spec read back from its dump (Prefect's stored
 # parameters, ``resolve_paths``) is the same spec.
-KEPSILON_ONLY = {
+FIELDS_OF_THE_METHODS_MODE = {
     "algorithm": "the node is fixed in the spec or chosen by the DP search",
     "ola_metric": "the DP search scores nodes by granularity",
     "scale_basis": "nothing is noised: every column is generalised",
@@ -705,7 +705,7 @@ def check_dp_parameters(spec: "ReleaseSpec") -> None:
     """Refuse a DP-mode spec the theorem does not cover, naming the parameter, before anything runs."""
     if spec.dp is None:
         raise SpecError("dp", "privacy_model dp needs its parameters: max_delta, and a fixed node or a search")
-    for name, why in KEPSILON_ONLY.items():
+    for name, why in FIELDS_OF_THE_METHODS_MODE.items():
         if name in spec.model_fields_set:
             raise SpecError(name, f"does not apply to privacy_model dp: {why}")
     _check_dp_roles(spec)

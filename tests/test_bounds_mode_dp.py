@@ -26,6 +26,7 @@ import pytest
 from kepsilon.engine.metrics import linked_records
 from kepsilon.engine.perturb import perturb
 from kepsilon.engine.suppress import confidence_suppress_columns, suppress_records
+from kepsilon.spec import EQuasi
 from kepsilon.tasks.validate import gated, plain_checks
 
 LOWER, UPPER = 130.0, 210.0
@@ -42,7 +43,7 @@ BIN_EDGES = np.linspace(LOWER, UPPER, 11)
 
 
 def spec(scale_basis: str, epsilon: float) -> SimpleNamespace:
-    quasi = SimpleNamespace(column="HEIGHT", lower=LOWER, upper=UPPER)
+    quasi = EQuasi(column="HEIGHT", lower=LOWER, upper=UPPER)  # the spec's own ε-quasi: its bounds() as released
     return SimpleNamespace(
         roles=SimpleNamespace(e_quasi=[quasi]),
         scale_basis=scale_basis,

@@ -98,7 +98,7 @@ def test_roles_the_dp_mode_cannot_release_are_refused_by_name():
 
 # Every field of the method's own mode, at its default value: stating it in a DP spec is refused all the same
 # (before the split, the defaults passed and only another value was refused).
-KEPSILON_DEFAULTS = {
+DEFAULTS_OF_THE_METHODS_MODE = {
     "algorithm": "mondrian",
     "ola_metric": "precision",
     "scale_basis": "diameter",
@@ -111,7 +111,7 @@ KEPSILON_DEFAULTS = {
 }
 
 
-@pytest.mark.parametrize("field, value", KEPSILON_DEFAULTS.items())
+@pytest.mark.parametrize("field, value", DEFAULTS_OF_THE_METHODS_MODE.items())
 def test_a_field_of_the_method_s_own_mode_is_refused_in_a_dp_spec_whatever_its_value(field, value):
     with pytest.raises(SpecError, match="does not apply to privacy_model dp") as refused:
         parse_spec(dp_dict(**{field: value}))
@@ -146,7 +146,7 @@ def test_a_dp_spec_read_back_from_its_dump_is_the_same_spec_with_the_same_hash()
     # Prefect stores the flow's parameter as its JSON dump, and resolve_paths validates a dump again.
     spec = parse_spec(with_dp(node=None, search={"epsilon": 0.2}))
     dumped = spec.model_dump(mode="json")
-    assert not set(KEPSILON_DEFAULTS) & set(dumped)
+    assert not set(DEFAULTS_OF_THE_METHODS_MODE) & set(dumped)
     assert "out_of_bounds" not in dumped["roles"]["e_quasi"][0]
     again = parse_spec(dumped)
     assert again == spec and again.spec_hash() == spec.spec_hash()
