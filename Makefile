@@ -53,7 +53,7 @@ bench: install
 bench-scale: install
 	$(BIN)/python -m benchmarks.scale $(if $(filter series,$(BENCH_SCALE)),--series,--fine)
 
-## certificate-cost: what the officer's certificate costs a release, on UCI Adult (memory engine) and on
+## certificate-cost: what the officer's certificate costs a release, on UCI Adult (memory engine), on the fine-grained 10M population and on
 ## 10M rows (dask engine, 2 workers): benchmarks/certificate-cost.json and a markdown table; about 10 minutes
 certificate-cost: install
 	$(BIN)/python -m benchmarks.certificate_cost

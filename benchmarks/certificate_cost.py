@@ -130,9 +130,25 @@ def run(name: str, make_spec) -> dict:
         shutil.rmtree(folder, ignore_errors=True)
 
 
+def fine_population_spec(folder: Path, rows: int, partitions: int) -> Path:
+    """The fine-grained population (``benchmarks/population.py --fine``), where the risk models' tables grow with
+    the distinct tuples: the release of ``make bench-scale`` on a local cluster, its certificate asked for in full."""
+    from benchmarks.scale import fine_population, fine_spec
+
+    path = fine_spec(folder, fine_population(rows), scheduler="")
+    spec = yaml.safe_load(path.read_text(encoding="utf-8"))
+    spec["release_id"] = f"bench-certificate-fine-{rows}"
+    spec["execution"] = {"engine": "dask", "workers": 2, "partitions": partitions}
+    spec["certificate"] = {"utility_target": "GENDER"}
+    spec["population"] = {"sampling_fraction": 0.01}
+    path.write_text(yaml.safe_dump(spec, sort_keys=False), encoding="utf-8")
+    return path
+
+
 CASES = {
     "adult": adult_spec,
     "population-10m": lambda folder: population_spec(folder, 10_000_000, 20),
+    "fine-10m": lambda folder: fine_population_spec(folder, 10_000_000, 20),
 }
 
 
