@@ -69,10 +69,9 @@ def make_spec(tmp_path: Path, **changes) -> ReleaseSpec:
     return ReleaseSpec.model_validate(data)
 
 
-def dask_stage_figures(spec: ReleaseSpec, partitions: int, folder: Path) -> dict:
-    """The partitioned path's stages in this process (as tests/test_dask_release.py runs them), then the
-    certificate's reduction over what they left in the scratch."""
-    root = Scratch.new(folder / "scratch")
+def _classes_distributed(spec: ReleaseSpec, partitions: int, root: Scratch):
+    """The partitioned path's intake, anonymiser on the shards and distribution of the records to their class
+    partitions, in this process: (pieces, the combined intake, the anonymised tuples, the classes)."""
     plan = plan_source(spec.source, partitions)
     pieces = len(plan.pieces)
     table = combine_intakes([intake(plan, piece, spec, root) for piece in plan.pieces], spec,
@@ -81,6 +80,14 @@ def dask_stage_figures(spec: ReleaseSpec, partitions: int, folder: Path) -> dict
     columns = [q.column for q in spec.roles.k_quasi]
     for piece, offset in zip(plan.pieces, table.offsets):
         distribute(piece.index, offset, root, columns, pieces)
+    return pieces, table, anonymised, classes
+
+
+def dask_stage_figures(spec: ReleaseSpec, partitions: int, folder: Path) -> dict:
+    """The partitioned path's stages in this process (as tests/test_dask_release.py runs them), then the
+    certificate's reduction over what they left in the scratch."""
+    root = Scratch.new(folder / "scratch")
+    pieces, table, anonymised, classes = _classes_distributed(spec, partitions, root)
     coder = GroupCoder.build(spec, anonymised.hierarchies, anonymised.criteria)
     parts = [perturb_and_suppress(j, pieces, root, spec, RecordStreams(SEED), anonymised.hierarchies, classes.levels,
                                   coder, pieces) for j in range(pieces)]
@@ -106,14 +113,7 @@ def dask_stages_to_the_gate(spec: ReleaseSpec, partitions: int, folder: Path) ->
     as the Dask flow checks them before ε (each partition counts its predicted groups)."""
     folder.mkdir(exist_ok=True)
     root = Scratch.new(folder / "scratch")
-    plan = plan_source(spec.source, partitions)
-    pieces = len(plan.pieces)
-    table = combine_intakes([intake(plan, piece, spec, root) for piece in plan.pieces], spec,
-                            lambda number: distinct_count(root, number, pieces))
-    anonymised, classes = anonymise_in_shards(spec, plan, table, root)
-    columns = [q.column for q in spec.roles.k_quasi]
-    for piece, offset in zip(plan.pieces, table.offsets):
-        distribute(piece.index, offset, root, columns, pieces)
+    pieces, _table, anonymised, classes = _classes_distributed(spec, partitions, root)
     return refuse_risk_over_limits_on_partitions(spec, root, pieces, classes.levels, anonymised.hierarchies, each_in_turn)
 
 

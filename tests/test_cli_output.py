@@ -17,6 +17,7 @@ import subprocess
 import sys
 import time
 import urllib.request
+from pathlib import Path
 
 import pytest
 import yaml
@@ -212,9 +213,8 @@ def test_debug_shows_the_refusals_traceback(workspace):
     _only_line(err, "release refused:")
 
 
-def test_a_crash_still_says_what_failed_and_where(workspace):
-    """Not a refusal: an unexpected exception inside a task keeps its traceback on the console."""
-    work, _ = workspace
+def _crashing_cli(work: Path, command: str, release_id: str) -> list[str]:
+    """``kepsilon COMMAND spec.yaml`` in a Python whose source reader raises an unexpected RuntimeError."""
     crash = (
         "import sys\n"
         "import kepsilon.tasks.ingest as ingest\n"
@@ -222,10 +222,16 @@ def test_a_crash_still_says_what_failed_and_where(workspace):
         "    raise RuntimeError('simulated crash while reading')\n"
         "ingest.read_source = crash\n"
         "from kepsilon.cli import app\n"
-        f"sys.argv = ['kepsilon', 'release', {str(work / 'spec.yaml')!r}, '--release-id', 'cli-crash']\n"
+        f"sys.argv = ['kepsilon', {command!r}, {str(work / 'spec.yaml')!r}, '--release-id', {release_id!r}]\n"
         "app()\n"
     )
-    code, out, err = run(workspace, command=[sys.executable, "-c", crash])
+    return [sys.executable, "-c", crash]
+
+
+def test_a_crash_still_says_what_failed_and_where(workspace):
+    """Not a refusal: an unexpected exception inside a task keeps its traceback on the console."""
+    work, _ = workspace
+    code, out, err = run(workspace, command=_crashing_cli(work, "release", "cli-crash"))
     assert code == 1
     assert "Traceback" in err and "in crash" in err
     assert _only_line(err, "release failed:") == "release failed: RuntimeError: simulated crash while reading"
@@ -234,17 +240,7 @@ def test_a_crash_still_says_what_failed_and_where(workspace):
 def test_a_check_that_crashes_says_check_failed(workspace):
     """``kepsilon check`` publishes and spends nothing: its crash line must not say a release failed."""
     work, _ = workspace
-    crash = (
-        "import sys\n"
-        "import kepsilon.tasks.ingest as ingest\n"
-        "def crash(source):\n"
-        "    raise RuntimeError('simulated crash while reading')\n"
-        "ingest.read_source = crash\n"
-        "from kepsilon.cli import app\n"
-        f"sys.argv = ['kepsilon', 'check', {str(work / 'spec.yaml')!r}, '--release-id', 'cli-check-crash']\n"
-        "app()\n"
-    )
-    code, out, err = run(workspace, command=[sys.executable, "-c", crash])
+    code, out, err = run(workspace, command=_crashing_cli(work, "check", "cli-check-crash"))
     assert code == 1
     assert _only_line(err, "check failed:") == "check failed: RuntimeError: simulated crash while reading"
     assert "release failed" not in err + out
