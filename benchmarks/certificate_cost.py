@@ -36,7 +36,7 @@ from pathlib import Path
 import psutil
 import yaml
 
-from benchmarks.scale import ROOT, TreeWatcher, case_spec, population
+from benchmarks.scale import ROOT, TreeWatcher, case_spec, population, release_environment
 
 RESULTS = Path(__file__).resolve().parent / "certificate-cost.json"
 ADULT = ROOT / "releases" / "adult.yaml"
@@ -74,15 +74,7 @@ def run(name: str, make_spec) -> dict:
     try:
         spec = make_spec(folder)
         release_id = yaml.safe_load(spec.read_text(encoding="utf-8"))["release_id"]
-        environment = {
-            **os.environ,
-            "PREFECT_HOME": str(folder / "prefect"),
-            "KEPSILON_AUDIT_DB": str(folder / "audit.db"),
-            "KEPSILON_SEED_KEY_FILE": str(folder / "seed.key"),
-            "KEPSILON_REPORTS_DIR": str(folder / "reports"),
-            "KEPSILON_DEFAULT_CAP": "10",
-        }
-        environment.pop("PREFECT_API_URL", None)
+        environment = release_environment(folder)
         load_before = os.getloadavg()[0]
         started = time.perf_counter()
         process = psutil.Popen([str(Path(sys.executable).parent / "kepsilon"), "release", str(spec)], cwd=folder,

@@ -168,21 +168,28 @@ class TreeWatcher:
         return named
 
 
+def release_environment(folder: Path) -> dict[str, str]:
+    """A benchmark release's own store, seed key, reports and Prefect home in ``folder`` (cap 10), and no
+    configured Prefect server: the CLI starts its own, as on a machine without ``make serve``."""
+    environment = {
+        **os.environ,
+        "PREFECT_HOME": str(folder / "prefect"),
+        "KEPSILON_AUDIT_DB": str(folder / "audit.db"),
+        "KEPSILON_SEED_KEY_FILE": str(folder / "seed.key"),
+        "KEPSILON_REPORTS_DIR": str(folder / "reports"),
+        "KEPSILON_DEFAULT_CAP": "10",
+    }
+    environment.pop("PREFECT_API_URL", None)
+    return environment
+
+
 def run_case(name: str, rows: int, engine: str, fmt: str = "parquet", partitions: int | None = None) -> dict:
     """One release through ``kepsilon release``: wall time, peak memory per process, published rows."""
     source = population(rows, fmt)
     folder = Path(tempfile.mkdtemp(prefix=f"kepsilon-{name}-"))
     try:
         spec = case_spec(folder, source, engine, fmt, partitions)
-        environment = {
-            **os.environ,
-            "PREFECT_HOME": str(folder / "prefect"),
-            "KEPSILON_AUDIT_DB": str(folder / "audit.db"),
-            "KEPSILON_SEED_KEY_FILE": str(folder / "seed.key"),
-            "KEPSILON_REPORTS_DIR": str(folder / "reports"),
-            "KEPSILON_DEFAULT_CAP": "10",
-        }
-        environment.pop("PREFECT_API_URL", None)
+        environment = release_environment(folder)
         started = time.perf_counter()
         process = psutil.Popen(
             [str(Path(sys.executable).parent / "kepsilon"), "release", str(spec)],
