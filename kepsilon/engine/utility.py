@@ -159,8 +159,13 @@ def granularity(source_values: pd.Series, released_labels: pd.Series, hierarchy)
     leaves = len(hierarchy.leaves)
     if leaves <= 1:
         return 1.0
-    leaf_codes = hierarchy.leaf_codes(source_values)
-    labels = released_labels.astype(str).to_numpy()
+    covered = _leaves_covered(hierarchy, hierarchy.leaf_codes(source_values), released_labels.astype(str).to_numpy())
+    return float(1.0 - np.mean((covered - 1.0) / (leaves - 1.0)))
+
+
+def _leaves_covered(hierarchy, leaf_codes: np.ndarray, labels: np.ndarray) -> np.ndarray:
+    """How many of the hierarchy's leaves each released label covers, given the source value's leaf code:
+    the size of the label at the level where it is the value's generalisation, 1 where it is the value itself."""
     covered = np.ones(len(labels), dtype=np.float64)
     for level in range(hierarchy.height):
         level_labels = hierarchy.labels[level].astype(str)
@@ -168,7 +173,7 @@ def granularity(source_values: pd.Series, released_labels: pd.Series, hierarchy)
         if match.any():
             sizes = pd.Series(level_labels).value_counts()
             covered = np.where(match, sizes.reindex(labels).to_numpy(dtype=np.float64), covered)
-    return float(1.0 - np.mean((covered - 1.0) / (leaves - 1.0)))
+    return covered
 
 
 def non_uniform_entropy(source_values: pd.Series, released_labels: pd.Series) -> float:
@@ -201,13 +206,7 @@ def generalisation_from_pairs(pairs: pd.DataFrame, hierarchy) -> dict:
     leaves = len(hierarchy.leaves)
     covered = np.ones(len(pairs), dtype=np.float64)
     if leaves > 1:
-        leaf_codes = hierarchy.leaf_codes(pairs["value"].reset_index(drop=True))
-        for level in range(hierarchy.height):
-            level_labels = hierarchy.labels[level].astype(str)
-            match = level_labels[leaf_codes] == labels
-            if match.any():
-                sizes = pd.Series(level_labels).value_counts()
-                covered = np.where(match, sizes.reindex(labels).to_numpy(dtype=np.float64), covered)
+        covered = _leaves_covered(hierarchy, hierarchy.leaf_codes(pairs["value"].reset_index(drop=True)), labels)
     granular = 1.0 - float((records * (covered - 1.0)).sum() / total / (leaves - 1.0)) if leaves > 1 else 1.0
     per_label = pd.Series(records).groupby(labels).transform("sum").to_numpy(dtype=np.float64)
     entropy = float((records * -np.log2(records / per_label)).sum() / total)
