@@ -356,9 +356,16 @@ def inprocess_cli(args: list[str], env: dict, cwd: Path) -> tuple[int, str]:
     """The same ``kepsilon`` Typer app invoked in this process (no import cost per case): (exit code, output).
 
     The audit store, seed key and default cap come from ``env`` for the call; Prefect talks to the
-    server named by ``env['PREFECT_API_URL']``.
+    server named by ``env['PREFECT_API_URL']``. Flow-run heartbeats are off for these runs (each costs
+    1.5–2.5 s of a refused release's few seconds, tests/conftest.py's ``prefect_harness`` says how it was
+    measured); the subprocess scenarios keep Prefect's default.
     """
-    from prefect.settings import PREFECT_API_URL, temporary_settings
+    from prefect.settings import (
+        PREFECT_API_AUTH_STRING,
+        PREFECT_API_URL,
+        PREFECT_FLOWS_HEARTBEAT_FREQUENCY,
+        temporary_settings,
+    )
     from typer.testing import CliRunner
 
     from kepsilon.cli import app
@@ -366,8 +373,11 @@ def inprocess_cli(args: list[str], env: dict, cwd: Path) -> tuple[int, str]:
     names = ("KEPSILON_AUDIT_DB", "KEPSILON_SEED_KEY_FILE", "KEPSILON_DEFAULT_CAP")
     saved = {name: os.environ.get(name) for name in names}
     os.environ.update({name: env[name] for name in names if name in env})
+    # The server's login goes with its address: without it the CLI finds the configured server refusing the
+    # run and starts a server of its own for every call (5-7 s each).
+    server = {PREFECT_API_URL: env["PREFECT_API_URL"], PREFECT_API_AUTH_STRING: env.get("PREFECT_API_AUTH_STRING")}
     try:
-        with temporary_settings(updates={PREFECT_API_URL: env["PREFECT_API_URL"]}):
+        with temporary_settings(updates={**server, PREFECT_FLOWS_HEARTBEAT_FREQUENCY: None}):
             result = CliRunner().invoke(app, args)
     finally:
         for name, value in saved.items():
