@@ -96,7 +96,7 @@ def run_operator(spec: ReleaseSpec, store: str, flow_run_id: str) -> str:
         return release_operator(spec, store)
     except SignatureRefused as refusal:
         if Path(store).exists() and inspect_store(store).ok:
-            attempt = {
+            attempt: ReleaseRecord = {
                 "release_id": spec.release_id, "population_id": spec.population_id, "spec_hash": spec.spec_hash(),
                 "k": spec.k, "epsilon": spec.epsilon, "privacy_model": spec.privacy_model,
                 "execution": {"flow_run_id": flow_run_id, "operator": None, "claimed_operator": spec.operator},
