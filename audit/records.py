@@ -1,12 +1,17 @@
-"""Release records: a release's manifest normalised into queryable tables, chained, in one transaction.
+"""Release records: a release's private record normalised into queryable tables, chained, in one transaction.
 
-A manifest never holds data values (the flow builds it from counts, hashes and parameters); as a
-last line of defence any key naming a raw seed is refused, so a seed cannot land in the store in clear.
-A release that was not published records ``rows_published`` 0, whatever its manifest counted before it
-stopped, and why it stopped in ``failure_reason``, so officers need not dig into the manifest.
+The private record (``kepsilon.record.ReleaseRecord``, kept whole in the ``releases.manifest`` column, as the
+store's schema names it) is not the manifest published beside the data, which is projected from it
+(``flows/manifest.public_manifest``). The record never holds data values (the flow builds it from counts,
+hashes and parameters); as a last line of defence any key naming a raw seed is refused, so a seed cannot land
+in the store in clear. A release that was not published records ``rows_published`` 0, whatever its record
+counted before it stopped, and why it stopped in ``failure_reason``, so officers need not dig into the record.
 """
 
 from __future__ import annotations
+
+from collections.abc import Mapping
+from typing import Any
 
 import sqlite_utils
 
@@ -76,7 +81,7 @@ _PARAMETER_SECTIONS = (
 )
 
 
-def _get(manifest: dict, path: tuple[str, ...]):
+def _get(manifest: Mapping[str, Any], path: tuple[str, ...]):
     value: object = manifest
     for part in path:
         if not isinstance(value, dict):
@@ -121,7 +126,7 @@ def _flatten(prefix: str, value) -> list[tuple[str, object]]:
 _MAX_REASON = 1000
 
 
-def failure_reason(manifest: dict, outcome: str) -> str | None:
+def failure_reason(manifest: Mapping[str, Any], outcome: str) -> str | None:
     """Why a release was not published, in one line: ``"ErrorClass: message; failed checks: a, b"``.
 
     From ``manifest["failure"]`` (``str(error)``) and ``manifest["failure_class"]`` as the flow sets them,
@@ -148,8 +153,10 @@ def failure_reason(manifest: dict, outcome: str) -> str | None:
     return reason if len(reason) <= _MAX_REASON else reason[: _MAX_REASON - 1] + "…"
 
 
-def record_release(db: sqlite_utils.Database, manifest: dict, *, outcome: str, reservation_id: int | None) -> int:
-    """Store a release's manifest as rows of releases/parameters/checks/outputs/stage_counts/software.
+def record_release(
+    db: sqlite_utils.Database, manifest: Mapping[str, Any], *, outcome: str, reservation_id: int | None
+) -> int:
+    """Store a release's private record as rows of releases/parameters/checks/outputs/stage_counts/software.
 
     Returns the new ``releases.id``. Missing keys are tolerated (failed and refused releases have
     partial manifests); ``release_id`` is required. A failed or refused release gets ``rows_published``

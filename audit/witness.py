@@ -22,6 +22,8 @@ import sqlite3
 from dataclasses import dataclass
 from pathlib import Path
 
+from kepsilon.record import PublicManifest
+
 from .store import GENESIS_HASH, busy_timeout_ms
 
 FIELD = "audit_chain"
@@ -67,9 +69,9 @@ def chain_witness(store: str | Path, idempotency_key: str | None = None) -> dict
     return {FIELD: {"entries": entries, "head_hash": head_hash}}
 
 
-def with_chain_witness(public: dict, store: str | Path, idempotency_key: str | None = None) -> dict:
+def with_chain_witness(public: PublicManifest, store: str | Path, idempotency_key: str | None = None) -> PublicManifest:
     """``public`` with the chain entry it witnesses added (see ``chain_witness`` and the module's docstring)."""
-    return {**public, **chain_witness(store, idempotency_key)}
+    return {**public, "audit_chain": chain_witness(store, idempotency_key)[FIELD]}
 
 
 def published_folders(store: str | Path, population: str | None) -> list[Path]:

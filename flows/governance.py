@@ -32,9 +32,10 @@ from prefect import get_run_logger
 from prefect.runtime import flow_run
 
 from kepsilon.faults import fault_point
-from kepsilon.flows.manifest import base_manifest, content_key, idempotency_key
+from kepsilon.flows.manifest import base_record, content_key, idempotency_key
 from kepsilon.flows.report import publish_figure_artifact, publish_report_artifacts
 from kepsilon.flows.spec import ReleaseSpec
+from kepsilon.record import ReleaseRecord
 from kepsilon.tasks.certificate import write_release_certificate
 from kepsilon.tasks.classify import check_roles
 from kepsilon.tasks.errors import ReleaseFailed, ValidationFailed, describe_failure
@@ -52,7 +53,7 @@ from kepsilon.tasks.record import (
 
 # What runs on the reserved budget: (reservation, record) -> (record, staged publication, the private
 # figures' inputs or None). Every failure it raises is recorded by ``govern``.
-Spend = Callable[[Any, dict], tuple[dict, Any, dict | None]]
+Spend = Callable[[Any, ReleaseRecord], tuple[ReleaseRecord, Any, dict | None]]
 
 
 @dataclass(frozen=True)
@@ -89,7 +90,7 @@ class Engine(Protocol):
         """The engine's entries of the record's ``execution`` (where the release ran)."""
         ...
 
-    def anonymise(self, spec: ReleaseSpec, store: str, key: str, record: dict, output_dir: str) -> Spend:
+    def anonymise(self, spec: ReleaseSpec, store: str, key: str, record: ReleaseRecord, output_dir: str) -> Spend:
         """Anonymise and run the checks before ε: fill the record's ``anonymiser``, ``hierarchies`` and
         (where the model has them) ``pre_epsilon``; refuse as the first failed check says. Returns what runs
         on the reserved budget."""
@@ -107,7 +108,7 @@ def run_day() -> str:
     return moment.astimezone(UTC).strftime("%Y-%m-%d")
 
 
-def govern(spec: ReleaseSpec, engine: Engine) -> dict:
+def govern(spec: ReleaseSpec, engine: Engine) -> ReleaseRecord:
     """Run one governed release on ``engine`` (see the module docstring); return its private record.
 
     For a release already published, the stored record marked ``already_published``; for an unchanged
@@ -136,7 +137,7 @@ def govern(spec: ReleaseSpec, engine: Engine) -> dict:
         check_roles(list(facts.columns), spec.roles)  # the spec against the source's names: no record read yet
         # 2. Refusals that read the records, the checks before ε last.
         rows = engine.intake(spec)
-        record = base_manifest(spec, {**facts.report, "rows": rows}, key)
+        record = base_record(spec, {**facts.report, "rows": rows}, key)
         record["execution"] = {
             "flow_run_id": str(flow_run.id), "operator": operator, "started_at": started_at, **engine.execution(spec),
         }
@@ -170,7 +171,7 @@ def govern(spec: ReleaseSpec, engine: Engine) -> dict:
         return record
 
 
-def unchanged_outcome(spec: ReleaseSpec, current: dict) -> dict:
+def unchanged_outcome(spec: ReleaseSpec, current: ReleaseRecord) -> ReleaseRecord:
     """A run over an unchanged source (``tasks/preflight.unchanged_release``): nothing published, nothing spent,
     nothing recorded; the current release's record, marked so the CLI says where it is."""
     where = current.get("output_dir") or current.get("directory") or "?"
@@ -196,7 +197,7 @@ def release_figures_for(spec: ReleaseSpec, inputs: dict, folder) -> None:
         logger.warning("release %s: private figures not made (%s)", spec.release_id, type(failure).__name__)
 
 
-def fail_after_reservation(record: dict, failure: BaseException, reservation_id: int, store: str) -> None:
+def fail_after_reservation(record: ReleaseRecord, failure: BaseException, reservation_id: int, store: str) -> None:
     """Record a failure that came after the reservation, then stop with one clear error.
 
     The record holds the error's class and a message that quotes no value (``describe_failure``). If

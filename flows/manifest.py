@@ -1,22 +1,35 @@
-"""The release manifest: what a release was, in one JSON document, with no data values in it.
+"""A release's two documents: its private record, and the public manifest projected from it.
 
-The same document is published next to the data (``manifest.json``) and normalised into the audit
-store, so the published file and the audit record cannot disagree.
+The private record (``kepsilon.record.ReleaseRecord``) is what a release was: identity and parameters
+(``base_record``, before any stage runs), then every figure the stages compute, private ones included. It
+goes to the audit store only. The manifest published next to the data (``manifest.json``,
+``kepsilon.record.PublicManifest``) is built from it by ``public_manifest``, field by field, and holds only the
+fields ``PUBLIC_FIELDS`` allows (derived from ``PublicManifest``); the record keeps a copy of it
+(``public_manifest``), so the published file and the audit record cannot disagree.
 """
 
 import hashlib
 import json
 import platform
 import subprocess
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from importlib import metadata
 from pathlib import Path
+from typing import Any
 
 import numpy as np
 
 import kepsilon
 from kepsilon.flows.spec import ReleaseSpec
 from kepsilon.guarantee import DP_NEIGHBOURS, Guarantee
+from kepsilon.record import (
+    DpEntries,
+    PublicManifest,
+    PublicMethod,
+    PublicRecords,
+    ReleaseRecord,
+    allowed_fields,
+)
 
 _LIBRARIES = ("prefect", "numpy", "pandas", "great_expectations", "sqlite-utils", "pydantic", "pyarrow")
 
@@ -72,9 +85,9 @@ def git_commit() -> str | None:
     return commit if result.returncode == 0 and len(commit) == 40 else None
 
 
-def base_manifest(spec: ReleaseSpec, source_report: dict, key: str) -> dict:
-    """The part of the manifest known before any stage runs: identity and parameters."""
-    document = {
+def base_record(spec: ReleaseSpec, source_report: dict, key: str) -> ReleaseRecord:
+    """The first part of the private record, known before any stage runs: identity and parameters."""
+    record: ReleaseRecord = {
         "release_id": spec.release_id,
         "population_id": spec.population_id,
         "idempotency_key": key,
@@ -100,14 +113,12 @@ def base_manifest(spec: ReleaseSpec, source_report: dict, key: str) -> dict:
         "privacy_model": spec.privacy_model,
     }
     if spec.privacy_model == "dp":
-        document.update(dp_parameters(spec))
-    return document
+        record.update(dp_parameters(spec))
+    return record
 
 
-
-
-def dp_parameters(spec: ReleaseSpec) -> dict:
-    """The DP mode's entries of the manifest: its (ε, δ) and every parameter they follow from.
+def dp_parameters(spec: ReleaseSpec) -> DpEntries:
+    """The DP mode's entries of the private record (and, under ``method``, of the manifest): its (ε, δ) and every parameter they follow from.
 
     All are public parameters (from the spec and the theorem); none is computed from the data. The
     node is added once known: the spec's, or the DP search's output (``dp.node``). Fields of the
@@ -142,69 +153,16 @@ def dp_parameters(spec: ReleaseSpec) -> dict:
 
 # --- the public manifest ---------------------------------------------------------------------------
 #
-# The document above is the release's *private* record: it goes to the audit store only. What is
-# published beside the data is built from it by `public_manifest`, field by field from this list.
-# Anything computed from private values (errors, risks, scales, widths, diameters, clamped or zero
-# counts, the source's SHA-256, the idempotency key, the operator, paths) is not on it: an adversary
-# who knows every other record can solve such a figure for the one they do not know, and a hash of a
-# guessable source confirms a guess offline.
+# The record above is the release's *private* record: it goes to the audit store only. What is published
+# beside the data is built from it by `public_manifest`, field by field: the fields of `PublicManifest`
+# (kepsilon/record.py), which says why each is public. Anything computed from private values (errors,
+# risks, scales, widths, diameters, clamped or zero counts, the source's SHA-256, the idempotency key, the
+# operator, paths) is not on it: an adversary who knows every other record can solve such a figure for the
+# one they do not know, and a hash of a guessable source confirms a guess offline.
 
-PUBLIC_FIELDS = {
-    "release_id": None,
-    "population_id": None,
-    "method": {
-        "name": None,
-        "k": None,
-        "epsilon": None,
-        "epsilon_split": "*",
-        "algorithm": None,
-        "ola_metric": None,
-        "confidence": None,
-        "confidence_suppression": None,
-        "suppression_budget": None,
-        "scale_basis": None,
-        "mechanism": None,
-        "privacy_unit": None,
-        "e_quasi": "*",
-        "sensitive_criteria": "*",
-        "max_linking_risk": None,
-        "max_prosecutor_risk": None,
-        # The DP mode's guarantee and its parameters: all public (spec, theorem), the node included —
-        # fixed in the spec, or the DP search's output, which the guarantee covers.
-        "privacy_model": None,
-        "neighbouring_relation": None,
-        "dp": {
-            "epsilon_search": None,
-            "epsilon_anonymisation": None,
-            "beta": None,
-            "beta_chosen_by": None,
-            "delta": None,
-            "max_delta": None,
-            "node": "*",
-            "node_chosen_by": None,
-            "search_strategy": None,
-            "search_steps": None,
-            "sensitive_levels": "*",
-        },
-    },
-    "roles": "*",
-    "columns": "*",
-    "hierarchies": "*",
-    "guarantee": None,
-    # In the DP mode only "published" (a function of the output); "in" and "removed" would break the guarantee.
-    "records": {"in": None, "removed": "*", "published": None},
-    "groups": {"published": None, "smallest": None},
-    "outputs": "*",
-    "software": "*",
-    "checks": None,
-    "unprotected_statistics": "*",
-    # The audit chain's entry of the release's sealed seed (audit/witness.py): a witness of the private
-    # store outside it, so a store put back from a backup is caught. The hash covers sealed seeds and
-    # microsecond timestamps, so it confirms no guess; the count says how many audit events the store had.
-    "audit_chain": {"entries": None, "head_hash": None},
-}
-"""The public manifest's fields. A dict lists the allowed keys below it; ``"*"`` allows any keys
-below (column names, file names, package names, stages); ``None`` is a leaf."""
+PUBLIC_FIELDS = allowed_fields(PublicManifest)
+"""The public manifest's fields, from ``PublicManifest``: a dict lists the allowed keys below it; ``"*"`` allows
+any keys below (column names, file names, package names, stages); ``None`` is a leaf."""
 
 METHOD_NAME = "(k,ε)-anonymity (Holohan, Antonatos, Braghin, Mac Aonghusa 2017)"
 DP_METHOD_NAME = (
@@ -217,7 +175,7 @@ class PrivateFieldInPublicManifest(ValueError):
     """A field that is not on the public list was about to be published."""
 
 
-def check_public_fields(document: dict, allowed=PUBLIC_FIELDS, where: str = "manifest") -> None:
+def check_public_fields(document: Mapping[str, Any], allowed: Mapping[str, Any] = PUBLIC_FIELDS, where: str = "manifest") -> None:
     """Raise if ``document`` holds a key that ``PUBLIC_FIELDS`` does not allow (a defence in depth:
     the publish step calls it on every manifest it writes)."""
     for key, value in document.items():
@@ -251,8 +209,9 @@ def hierarchy_descriptions(spec: ReleaseSpec, hashes: dict) -> dict:
     return described
 
 
-def public_manifest(record: dict, spec: ReleaseSpec, grids: dict[str, float], guarantee: str) -> dict:
-    """The manifest published beside the data, built only from public fields of the private record.
+def public_manifest(record: ReleaseRecord, spec: ReleaseSpec, grids: dict[str, float], guarantee: str) -> PublicManifest:
+    """The manifest published beside the data, built only from public fields of the private record: the
+    record's projection onto ``PublicManifest`` (the DP mode's through ``dp_public_manifest``).
 
     ``grids``: the public snapping grid of each ε-quasi (from its bounds and ε share). ``columns``
     (each published column's role and type, ``publish.published_columns``) comes from the record.
@@ -261,7 +220,7 @@ def public_manifest(record: dict, spec: ReleaseSpec, grids: dict[str, float], gu
     """
     if spec.privacy_model == "dp":
         return dp_public_manifest(record, spec, guarantee)
-    method = {
+    method: PublicMethod = {
         "name": METHOD_NAME,
         "k": spec.k,
         "epsilon": spec.epsilon,
@@ -287,7 +246,7 @@ def public_manifest(record: dict, spec: ReleaseSpec, grids: dict[str, float], gu
     method["max_linking_risk"] = spec.max_linking_risk
     if spec.max_prosecutor_risk is not None:
         method["max_prosecutor_risk"] = spec.max_prosecutor_risk
-    records = {"in": record["rows_in"], "removed": dict(record["rows_removed"]), "published": record["rows_published"]}
+    records: PublicRecords = {"in": record["rows_in"], "removed": dict(record["rows_removed"]), "published": record["rows_published"]}
     document = _public_document(record, spec, method, guarantee, records)
     opted_in = _unprotected_statistics(record, spec.publish_statistics)
     if opted_in:
@@ -296,19 +255,19 @@ def public_manifest(record: dict, spec: ReleaseSpec, grids: dict[str, float], gu
     return document
 
 
-def dp_public_manifest(record: dict, spec: ReleaseSpec, guarantee: str) -> dict:
+def dp_public_manifest(record: ReleaseRecord, spec: ReleaseSpec, guarantee: str) -> PublicManifest:
     """The DP mode's public manifest: its guarantee, its parameters, and only outputs of the mechanism.
 
     Counts: the published records and groups, which are functions of the published table. Not the
     records read, sampled or suppressed: they depend on the source (its size above all), which the
     (ε, δ) guarantee does not cover, so they stay in the private record.
     """
-    method = {
+    method: PublicMethod = {
         "name": DP_METHOD_NAME,
         "privacy_model": "dp",
         "k": spec.k,
         "epsilon": spec.epsilon,
-        "dp": dict(record["dp"]),
+        "dp": record["dp"].copy(),
         "algorithm": record["algorithm"],
         "mechanism": record["mechanism"],
         "privacy_unit": "record",
@@ -321,7 +280,9 @@ def dp_public_manifest(record: dict, spec: ReleaseSpec, guarantee: str) -> dict:
     return document
 
 
-def _public_document(record: dict, spec: ReleaseSpec, method: dict, guarantee: str, records: dict) -> dict:
+def _public_document(
+    record: ReleaseRecord, spec: ReleaseSpec, method: PublicMethod, guarantee: str, records: PublicRecords
+) -> PublicManifest:
     """The fields every public manifest carries, around its mode's ``method`` and record ``records`` counts."""
     return {
         "release_id": spec.release_id,
@@ -338,7 +299,7 @@ def _public_document(record: dict, spec: ReleaseSpec, method: dict, guarantee: s
     }
 
 
-def _unprotected_statistics(record: dict, names: Sequence[str]) -> dict:
+def _unprotected_statistics(record: ReleaseRecord, names: Sequence[str]) -> dict[str, Any]:
     loss = record.get("information_loss", {})
     disclosure = record.get("disclosure", {})
     available = {

@@ -40,6 +40,7 @@ from kepsilon.flows.governance import SourceFacts, Spend, govern, run_day
 from kepsilon.flows.manifest import public_manifest, published_groups
 from kepsilon.flows.spec import ReleaseSpec
 from kepsilon.guarantee import Guarantee
+from kepsilon.record import PublicManifest, ReleaseRecord
 from kepsilon.tasks.certificate import certificate_figures, dp_certificate_figures, refuse_risk_over_limits
 from kepsilon.tasks.classify import ClassifiedTable, classify_attributes
 from kepsilon.tasks.dp_release import draw_dp_release, plan_dp_release
@@ -59,7 +60,7 @@ _run_day = run_day  # flows/check.py's name for it
 
 
 @flow(name="governed-release", persist_result=False, log_prints=False, validate_parameters=True)
-def governed_release(spec: ReleaseSpec) -> dict:
+def governed_release(spec: ReleaseSpec) -> ReleaseRecord:
     """Run one governed (k,ε)-anonymised release and return its private record (which holds no data).
 
     Two documents come out of a release: the public ``manifest.json`` beside the data (parameters,
@@ -109,7 +110,7 @@ class MemoryEngine:
     def execution(self, spec: ReleaseSpec) -> dict:
         return {}
 
-    def anonymise(self, spec: ReleaseSpec, store: str, key: str, record: dict, output_dir: str) -> Spend:
+    def anonymise(self, spec: ReleaseSpec, store: str, key: str, record: ReleaseRecord, output_dir: str) -> Spend:
         model = DpInMemory() if spec.privacy_model == "dp" else KEpsilonInMemory()
         return model.anonymise(spec, store, key, self.table, record, output_dir)
 
@@ -121,7 +122,7 @@ class KEpsilonInMemory:
     """The method's own mode: k-anonymise, the checks before ε; on the reserved budget, perturb, suppress,
     label, validate and stage."""
 
-    def anonymise(self, spec, store: str, key: str, table, record: dict, output_dir: str) -> Spend:
+    def anonymise(self, spec, store: str, key: str, table, record: ReleaseRecord, output_dir: str) -> Spend:
         partition = _in_stage("k-anonymise", k_anonymise_records, table.frame, spec)
         record["anonymiser"] = partition.report
         record["hierarchies"] = partition.report.get("hierarchies", {})
@@ -137,7 +138,7 @@ class DpInMemory:
     """The DP mode: its plan (hierarchies, node levels) replaces k-anonymise and refuses before ε; on the
     reserved budget, sample, search and safe-k-anonymise from the sealed seed, validate and stage."""
 
-    def anonymise(self, spec, store: str, key: str, table, record: dict, output_dir: str) -> Spend:
+    def anonymise(self, spec, store: str, key: str, table, record: ReleaseRecord, output_dir: str) -> Spend:
         dp_plan = _in_stage("k-anonymise", plan_dp_release, table.frame, spec)
         record["anonymiser"] = dp_plan.report()
         record["hierarchies"] = dp_plan.hierarchy_hashes()
@@ -183,7 +184,9 @@ def pre_epsilon_in_memory(verdicts: Verdicts, spec, store: str, key: str, table,
     return summary
 
 
-def _perturb_check_stage(spec, key, table, partition, reservation, store, record, output_dir) -> tuple[dict, object, dict]:
+def _perturb_check_stage(
+    spec, key, table, partition, reservation, store, record: ReleaseRecord, output_dir
+) -> tuple[ReleaseRecord, object, dict]:
     """The stages that run on reserved budget: noise, suppression, labels, checks, staging the files.
 
     Returns the private record, the staged publication, and what the private figures need (group
@@ -227,7 +230,7 @@ def _perturb_check_stage(spec, key, table, partition, reservation, store, record
     return record, publication, figure_inputs
 
 
-def _stage_publication(record: dict, release, public: dict, output_dir):
+def _stage_publication(record: ReleaseRecord, release, public: PublicManifest, output_dir):
     """Stage the release's files and note in the private record where they are and what they hold."""
     publication = _in_stage("stage", stage_release, release, public, output_dir)
     record.update(publication.report())
@@ -237,7 +240,9 @@ def _stage_publication(record: dict, release, public: dict, output_dir):
     return publication
 
 
-def _dp_check_stage(spec, key, table, dp_plan, reservation, store, record, output_dir) -> tuple[dict, object, None]:
+def _dp_check_stage(
+    spec, key, table, dp_plan, reservation, store, record: ReleaseRecord, output_dir
+) -> tuple[ReleaseRecord, object, None]:
     """The DP mode's stages on reserved budget: sample, search and safe-k-anonymise, check, stage.
 
     Returns the private record and the staged publication (no figures: they plot the noise of the

@@ -48,6 +48,7 @@ from kepsilon.flows.governance import SourceFacts, Spend, govern, run_day
 from kepsilon.flows.manifest import groups_from_sizes, public_manifest
 from kepsilon.flows.spec import ReleaseSpec
 from kepsilon.guarantee import Guarantee
+from kepsilon.record import ReleaseRecord
 from kepsilon.tasks.certificate_dask import (
     CERTIFICATE_SKETCHES,
     WRITTEN_GROUPS,
@@ -190,7 +191,7 @@ def check_scheduler_reachable(address: str, timeout: float = 10.0) -> None:
         ) from None
 
 
-def release_on_dask(spec: ReleaseSpec) -> dict:
+def release_on_dask(spec: ReleaseSpec) -> ReleaseRecord:
     """Run ``governed-release-dask`` on the task runner the spec's ``execution`` names (a subflow when
     called from a flow)."""
     import dask
@@ -253,7 +254,7 @@ def _drain_prefect_services() -> None:
 
 
 @flow(name="governed-release-dask", persist_result=False, log_prints=False, validate_parameters=True)
-def governed_release_dask(spec: ReleaseSpec) -> dict:
+def governed_release_dask(spec: ReleaseSpec) -> ReleaseRecord:
     """Run one governed release partition by partition on Dask; return its private record (no data).
 
     Same outcomes as ``governed_release``: the published folder (a Parquet dataset ``data.parquet/``
@@ -309,7 +310,7 @@ class DaskEngine:
         return {"engine": "dask", "partitions": len(self.plan.pieces),
                 "cluster": spec.execution.scheduler or f"local, {spec.execution.workers} worker process(es)"}
 
-    def anonymise(self, spec: ReleaseSpec, store: str, key: str, record: dict, output_dir: str) -> Spend:
+    def anonymise(self, spec: ReleaseSpec, store: str, key: str, record: ReleaseRecord, output_dir: str) -> Spend:
         plan, table, scratch = self.plan, self.table, self.scratch
         assert plan is not None and table is not None and scratch is not None, "govern calls intake first"
         sharded = _anonymise(spec, plan, table, scratch)
@@ -471,7 +472,9 @@ def _intake(spec: ReleaseSpec, plan: SourcePlan, scratch: Scratch) -> TableIntak
     return table
 
 
-def _spend_check_stage(spec, key, plan, table, anonymised, coder, reservation, store, record, output_dir, scratch):
+def _spend_check_stage(
+    spec, key, plan, table, anonymised, coder, reservation, store, record: ReleaseRecord, output_dir, scratch
+) -> tuple[ReleaseRecord, Publication, dict]:
     """The stages on reserved budget: seed, perturb and suppress, publish the parts, gate, manifest."""
     root, pieces = scratch, len(plan.pieces)
     classes = anonymised.classes

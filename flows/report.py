@@ -1,9 +1,12 @@
-"""The release report: a summary of the manifest for people — a Prefect artifact and the CLI's table.
+"""The release report: a summary of the private record for people — a Prefect artifact and the CLI's table.
 
-Built only from the manifest, which holds parameters, counts and fingerprints, never data values.
+Built only from the release's private record (``kepsilon.record.ReleaseRecord``, or one read back from the
+audit store), which holds parameters, counts and fingerprints, never data values.
 """
 
+from collections.abc import Mapping
 from pathlib import Path
+from typing import Any
 
 from prefect.artifacts import create_markdown_artifact, create_table_artifact
 
@@ -11,60 +14,60 @@ from kepsilon.guarantee import Guarantee
 from kepsilon.tasks.figures import Figure, markdown_image
 
 
-def summary_rows(manifest: dict) -> list[dict]:
+def summary_rows(record: Mapping[str, Any]) -> list[dict]:
     """The figures a steward or officer looks at first, as (measure, value) rows."""
-    if manifest.get("privacy_model") == "dp":
-        return _dp_summary_rows(manifest)
-    loss = manifest.get("information_loss", {})
+    if record.get("privacy_model") == "dp":
+        return _dp_summary_rows(record)
+    loss = record.get("information_loss", {})
     rows = [
-        ("release", manifest["release_id"]),
-        ("population", manifest["population_id"]),
-        ("algorithm", manifest["algorithm"]),
-        ("k", manifest["k"]),
-        ("ε", manifest["epsilon"]),
-        ("noise scale basis", manifest["scale_basis"]),
-        ("confidence c", manifest["confidence"]),
-        ("records in", manifest["rows_in"]),
+        ("release", record["release_id"]),
+        ("population", record["population_id"]),
+        ("algorithm", record["algorithm"]),
+        ("k", record["k"]),
+        ("ε", record["epsilon"]),
+        ("noise scale basis", record["scale_basis"]),
+        ("confidence c", record["confidence"]),
+        ("records in", record["rows_in"]),
     ]
-    rows += [(f"removed: {stage}", count) for stage, count in manifest.get("rows_removed", {}).items()]
+    rows += [(f"removed: {stage}", count) for stage, count in record.get("rows_removed", {}).items()]
     rows += [
-        ("records published", manifest.get("rows_published")),
-        ("published groups", manifest.get("groups", {}).get("published")),
-        ("smallest group", manifest.get("groups", {}).get("smallest")),
+        ("records published", record.get("rows_published")),
+        ("published groups", record.get("groups", {}).get("published")),
+        ("smallest group", record.get("groups", {}).get("smallest")),
         ("relative error, measured", _percent(loss.get("measured"))),
         ("relative error, predicted", _percent(loss.get("predicted"))),
-        ("linking risk", _percent(manifest.get("linking_risk"))),
-        ("homogeneous groups", manifest.get("disclosure", {}).get("homogeneous_groups")),
-        ("checks passed", f"{sum(c['success'] for c in manifest.get('checks', []))}/{len(manifest.get('checks', []))}"),
-        ("output", _shown_path(manifest.get("directory"))),
+        ("linking risk", _percent(record.get("linking_risk"))),
+        ("homogeneous groups", record.get("disclosure", {}).get("homogeneous_groups")),
+        ("checks passed", f"{sum(c['success'] for c in record.get('checks', []))}/{len(record.get('checks', []))}"),
+        ("output", _shown_path(record.get("directory"))),
     ]
     return [{"measure": name, "value": "" if value is None else str(value)} for name, value in rows]
 
 
-def _dp_summary_rows(manifest: dict) -> list[dict]:
+def _dp_summary_rows(record: Mapping[str, Any]) -> list[dict]:
     """The DP mode's summary: its (ε, δ) and parameters, then the private counts (steward only)."""
-    dp = manifest["dp"]
-    anonymised = manifest.get("anonymiser", {})
+    dp = record["dp"]
+    anonymised = record.get("anonymiser", {})
     node = dp.get("node") or {}
     rows = [
-        ("release", manifest["release_id"]),
-        ("population", manifest["population_id"]),
+        ("release", record["release_id"]),
+        ("population", record["population_id"]),
         ("privacy model", "(ε, δ)-DP: sampling + safe k-anonymisation"),
-        ("k", manifest["k"]),
-        ("ε (search + anonymisation)", f"{manifest['epsilon']} ({dp['epsilon_search']:g} + {dp['epsilon_anonymisation']:g})"),
+        ("k", record["k"]),
+        ("ε (search + anonymisation)", f"{record['epsilon']} ({dp['epsilon_search']:g} + {dp['epsilon_anonymisation']:g})"),
         ("δ", f"{dp['delta']:.3g} (max {dp['max_delta']:g})"),
         ("sampling β", f"{dp['beta']:.4g}"),
         ("node", ", ".join(f"{column} {level}" for column, level in node.items())),
         ("node chosen by", dp["node_chosen_by"]),
-        ("records in", manifest["rows_in"]),
+        ("records in", record["rows_in"]),
         ("records sampled", anonymised.get("rows_sampled")),
         ("records suppressed (groups below k)", anonymised.get("rows_suppressed")),
-        ("records published", manifest.get("rows_published")),
-        ("published groups", manifest.get("groups", {}).get("published")),
-        ("smallest group", manifest.get("groups", {}).get("smallest")),
+        ("records published", record.get("rows_published")),
+        ("published groups", record.get("groups", {}).get("published")),
+        ("smallest group", record.get("groups", {}).get("smallest")),
         ("precision loss of the node", _percent(anonymised.get("precision_loss"))),
-        ("checks passed", f"{sum(c['success'] for c in manifest.get('checks', []))}/{len(manifest.get('checks', []))}"),
-        ("output", _shown_path(manifest.get("directory"))),
+        ("checks passed", f"{sum(c['success'] for c in record.get('checks', []))}/{len(record.get('checks', []))}"),
+        ("output", _shown_path(record.get("directory"))),
     ]
     return [{"measure": name, "value": "" if value is None else str(value)} for name, value in rows]
 
@@ -88,21 +91,21 @@ def _percent(value) -> str | None:
     return None if value is None else f"{100 * value:.2f}%"
 
 
-def markdown_report(manifest: dict) -> str:
+def markdown_report(record: Mapping[str, Any]) -> str:
     """A markdown page: the summary table, the checks, and the method's honest limits."""
-    lines = [f"# Release `{manifest['release_id']}`", "", "| measure | value |", "|---|---|"]
-    lines += [f"| {row['measure']} | {row['value']} |" for row in summary_rows(manifest)]
+    lines = [f"# Release `{record['release_id']}`", "", "| measure | value |", "|---|---|"]
+    lines += [f"| {row['measure']} | {row['value']} |" for row in summary_rows(record)]
     lines += ["", "## Checks", ""]
-    lines += [f"- {'✅' if c['success'] else '❌'} `{c['name']}`" for c in manifest.get("checks", [])]
-    lines += ["", "## Guarantee", "", Guarantee.from_record(manifest).statement()]
+    lines += [f"- {'✅' if c['success'] else '❌'} `{c['name']}`" for c in record.get("checks", [])]
+    lines += ["", "## Guarantee", "", Guarantee.from_record(record).statement()]
     return "\n".join(lines)
 
 
-def publish_report_artifacts(manifest: dict) -> None:
+def publish_report_artifacts(record: Mapping[str, Any]) -> None:
     """Attach the markdown report and the summary table to the flow run in the Prefect UI."""
-    key = "release-" + "".join(ch if ch.isalnum() else "-" for ch in manifest["release_id"].lower())
-    create_markdown_artifact(key=key, markdown=markdown_report(manifest), description="(k,ε) release report")
-    create_table_artifact(key=key + "-summary", table=summary_rows(manifest), description="release figures")
+    key = "release-" + "".join(ch if ch.isalnum() else "-" for ch in record["release_id"].lower())
+    create_markdown_artifact(key=key, markdown=markdown_report(record), description="(k,ε) release report")
+    create_table_artifact(key=key + "-summary", table=summary_rows(record), description="release figures")
 
 
 def artifact_key(name: str) -> str:

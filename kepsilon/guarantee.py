@@ -13,8 +13,9 @@ does guarantee for its scale basis (method.md Â§7, docs/guarantees.md) and its Î
 (see the statement). The DP mode's statement is Li, Qardaji and Su's theorem with the search composed.
 """
 
+from collections.abc import Mapping
 from dataclasses import dataclass
-from typing import Literal, NamedTuple
+from typing import Any, Literal, NamedTuple
 
 DP_NEIGHBOURS = "data sets that differ by one record, added or removed"
 
@@ -64,7 +65,7 @@ class Guarantee:
         return cls("kepsilon", spec.k, spec.epsilon, scale_basis=spec.scale_basis)
 
     @classmethod
-    def from_record(cls, record: dict) -> "Guarantee":
+    def from_record(cls, record: Mapping[str, Any]) -> "Guarantee":
         """The guarantee a private record (or a stored manifest) was released under."""
         if record.get("privacy_model") == "dp":
             dp = record["dp"]

@@ -26,6 +26,7 @@ from kepsilon.engine import risk, utility
 from kepsilon.engine.assemble import merge_release_columns
 from kepsilon.engine.partition import published_labels
 from kepsilon.engine.perturb import public_grid
+from kepsilon.record import ReleaseRecord
 from kepsilon.tasks.errors import InputError, SpecError
 
 
@@ -407,7 +408,7 @@ def _attempt(compute):
         return {"computed": False, "reason": type(error).__name__}
 
 
-def write_release_certificate(record: dict, store: str, folder: Path) -> Path | None:
+def write_release_certificate(record: ReleaseRecord, store: str, folder: Path) -> Path | None:
     """After the record is committed: write the certificate into the release's private report folder
     and show it on the run's page. Never fails the (already published) release: logged instead."""
     from prefect import get_run_logger

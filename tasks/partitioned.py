@@ -41,7 +41,7 @@ import uuid
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import TypedDict
+from typing import TypedDict, cast
 
 import numpy as np
 import pandas as pd
@@ -61,6 +61,7 @@ from kepsilon.engine.randomness import RecordStreams
 from kepsilon.engine.suppress import suppress_records
 from kepsilon.faults import fault_point
 from kepsilon.flows.spec import ReleaseSpec
+from kepsilon.record import ReleaseMetrics
 
 from .certificate_dask import (
     PART_SKETCH,
@@ -811,7 +812,7 @@ class Outcome:
     """The private record's outcome figures of a partitioned release (``release_metrics``' fields), the
     published groups after diversity suppression, and what the private figures need."""
 
-    metrics: dict
+    metrics: ReleaseMetrics
     groups: GroupCounts
     figure_inputs: dict
 
@@ -854,7 +855,9 @@ def combine_outcome(
     from kepsilon.engine.metrics import class_statistics_from_sizes, metrics_summary
 
     classes_report = class_statistics_from_sizes(published, sum(rows_removed.values()))
-    metrics = metrics_summary(rows_removed, int(published.sum()), per_column, anonymiser.get("precision"), classes_report)
+    # The engine builds them in the record's shape (``ReleaseMetrics``); it does not import the record's types.
+    metrics = cast(ReleaseMetrics, metrics_summary(rows_removed, int(published.sum()), per_column, anonymiser.get("precision"),
+                                                   classes_report))
     final = groups.without(failing)
     figure_inputs = {
         "group_sizes": final.sizes,

@@ -21,6 +21,7 @@ from prefect.cache_policies import NO_CACHE
 
 from kepsilon.audit.errors import unavailable
 from kepsilon.audit.store import open_store
+from kepsilon.record import ReleaseRecord
 
 from .errors import SpecError
 from .publish import (
@@ -101,7 +102,7 @@ def check_output(output_dir: str, release_id: str, source_bytes: int) -> str:
     return str(check_output_dir(output_dir, release_id, source_bytes))
 
 
-def published_record(store: str, release_id: str, key: str) -> dict | None:
+def published_record(store: str, release_id: str, key: str) -> ReleaseRecord | None:
     """The private record of this logical release if it is already published, else None.
 
     Refuses with ``AlreadyPublished`` when the release id was published by *another* logical release
@@ -128,7 +129,7 @@ def published_record(store: str, release_id: str, key: str) -> dict | None:
     )
 
 
-def complete_publication(record: dict) -> tuple[Path, bool]:
+def complete_publication(record: ReleaseRecord) -> tuple[Path, bool]:
     """Finish a published release whose staging folder was not yet renamed (a crash after its record).
 
     Returns (final folder, whether it is there now). The staging folder is renamed only if its files
@@ -143,7 +144,7 @@ def complete_publication(record: dict) -> tuple[Path, bool]:
     return final, final.is_dir()
 
 
-def unchanged_release(store: str, spec, content: str) -> dict | None:
+def unchanged_release(store: str, spec, content: str) -> ReleaseRecord | None:
     """The population's last published release if it was published from the same source with the same spec
     (the same ``content_key``; ``flows/manifest.content_key``), else None; always None with
     ``rerelease_unchanged``. A scheduled run over an unchanged source then publishes nothing new and spends
@@ -167,7 +168,7 @@ def unchanged_release(store: str, spec, content: str) -> dict | None:
 
 
 @task(name="already-published", cache_policy=NO_CACHE, persist_result=False)
-def find_published(store: str, release_id: str, key: str) -> dict | None:
+def find_published(store: str, release_id: str, key: str) -> ReleaseRecord | None:
     """Prefect task: this logical release's record if it is published (its folder completed if needed)."""
     record = published_record(store, release_id, key)
     if record is None:

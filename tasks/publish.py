@@ -40,6 +40,7 @@ from prefect.cache_policies import NO_CACHE
 from kepsilon.engine.assemble import assemble_release
 from kepsilon.engine.partition import published_labels
 from kepsilon.faults import fault_point
+from kepsilon.record import PublicationEntries, PublicManifest
 
 from .errors import KepsilonError
 from .values import cell_texts, csv_encoding, published_type
@@ -61,7 +62,7 @@ class Publication:
     outputs: dict[str, str]  # file name -> SHA-256
     staging: Path | None = None  # where it is staged until the audit record is committed
 
-    def report(self) -> dict:
+    def report(self) -> PublicationEntries:
         return {"directory": str(self.directory), "outputs": dict(self.outputs)}
 
 
@@ -197,10 +198,10 @@ def _fsync_directory(directory: Path) -> None:
         os.close(descriptor)
 
 
-def stage(frame: pd.DataFrame, manifest: dict, output_dir: str | Path) -> Publication:
+def stage(frame: pd.DataFrame, manifest: PublicManifest, output_dir: str | Path) -> Publication:
     """Write data.csv, data.parquet, then manifest.json (with the data files' SHA-256) into the staging folder.
 
-    ``manifest`` is the *public* manifest (``flows.manifest.public_manifest``): it is written as given,
+    ``manifest`` is the *public* manifest (``flows.manifest.public_manifest``, a ``PublicManifest``): it is written as given,
     plus the output hashes. A staging folder left by an interrupted attempt is replaced: it is hidden,
     and the rerun re-derives the same bytes from the sealed seed. Nothing is created under the final name.
     """
@@ -241,7 +242,7 @@ def staged_outputs(staging: Path) -> dict[str, str] | None:
     return actual if actual == recorded else None
 
 
-def publish(frame: pd.DataFrame, manifest: dict, output_dir: str | Path) -> Publication:
+def publish(frame: pd.DataFrame, manifest: PublicManifest, output_dir: str | Path) -> Publication:
     """Stage and put in place in one go (for callers without an audit record to commit in between)."""
     publication = stage(frame, manifest, output_dir)
     if publication.staging is None:  # stage() always names its staging folder
@@ -263,7 +264,7 @@ def _jsonable(value):
 
 
 @task(name="stage", cache_policy=NO_CACHE, persist_result=False)
-def stage_release(frame: pd.DataFrame, manifest: dict, output_dir: str) -> Publication:
+def stage_release(frame: pd.DataFrame, manifest: PublicManifest, output_dir: str) -> Publication:
     """Prefect task: write the release files and manifest to the hidden staging folder."""
     return stage(frame, manifest, output_dir)
 

@@ -21,6 +21,7 @@ from kepsilon.audit.records import record_release
 from kepsilon.audit.seeds import find_sealed_seed, seal_seed, seed_commitment, unseal_seed
 from kepsilon.audit.store import ENV_PATH, open_store, store_path
 from kepsilon.guarantee import Guarantee
+from kepsilon.record import ReleaseRecord
 from kepsilon.spec import ReleaseSpec
 
 
@@ -95,7 +96,7 @@ def run_operator(spec: ReleaseSpec, store: str, flow_run_id: str) -> str:
         return release_operator(spec, store)
     except SignatureRefused as refusal:
         if Path(store).exists() and inspect_store(store).ok:
-            attempt = {
+            attempt: ReleaseRecord = {
                 "release_id": spec.release_id, "population_id": spec.population_id, "spec_hash": spec.spec_hash(),
                 "k": spec.k, "epsilon": spec.epsilon, "privacy_model": spec.privacy_model,
                 "execution": {"flow_run_id": flow_run_id, "operator": None, "claimed_operator": spec.operator},
@@ -127,7 +128,7 @@ def _release_signature(db, spec: ReleaseSpec, key: str, operator: str):
 
 
 @task(name="check-approval", cache_policy=NO_CACHE, persist_result=False)
-def check_approval(spec: ReleaseSpec, operator: str, store: str, manifest: dict) -> dict | None:
+def check_approval(spec: ReleaseSpec, operator: str, store: str, record: ReleaseRecord) -> dict | None:
     """Two-person rule: when the spec requires it, refuse without an approval by someone else."""
     if not spec.approval_required:
         return None
@@ -135,7 +136,7 @@ def check_approval(spec: ReleaseSpec, operator: str, store: str, manifest: dict)
     try:
         approval = require_approval(db, release_id=spec.release_id, spec_hash=spec.spec_hash(), operator=operator)
     except ApprovalMissing:
-        record_release(db, {**manifest, "refusal": "approval missing"}, outcome="refused", reservation_id=None)
+        record_release(db, {**record, "refusal": "approval missing"}, outcome="refused", reservation_id=None)
         raise
     return {"approver": approval["approver"], "approved_at": approval.get("created_at")}
 
@@ -153,7 +154,7 @@ def verify_store(store: str, output_dir: str | None = None, population: str | No
 
 
 @task(name="reserve-epsilon", cache_policy=NO_CACHE, persist_result=False)
-def reserve_epsilon(spec: ReleaseSpec, key: str, operator: str, store: str, manifest: dict) -> Reservation:
+def reserve_epsilon(spec: ReleaseSpec, key: str, operator: str, store: str, record: ReleaseRecord) -> Reservation:
     """Reserve the release's ε — and in the DP mode its δ — against its population's caps before any
     noise or sample is drawn.
 
@@ -175,14 +176,14 @@ def reserve_epsilon(spec: ReleaseSpec, key: str, operator: str, store: str, mani
             signed=_release_signature(db, spec, key, operator),
         )
     except BudgetExceeded as refusal:
-        record_release(db, {**manifest, "refusal": str(refusal)}, outcome="refused", reservation_id=None)
+        record_release(db, {**record, "refusal": str(refusal)}, outcome="refused", reservation_id=None)
         raise
 
 
 @task(name="record", cache_policy=NO_CACHE, persist_result=False)
-def record_outcome(manifest: dict, outcome: str, reservation_id: int | None, store: str) -> int:
+def record_outcome(record: ReleaseRecord, outcome: str, reservation_id: int | None, store: str) -> int:
     """Append the release's record and its hash-chain entry: 'published', or 'failed' after a reservation."""
-    return record_release(open_store(store), manifest, outcome=outcome, reservation_id=reservation_id)
+    return record_release(open_store(store), record, outcome=outcome, reservation_id=reservation_id)
 
 
 def escrowed_seed(store: str, key: str, release_id: str, fresh_seed) -> tuple[bytes, str]:

@@ -18,6 +18,7 @@ from kepsilon.audit.ledger import set_cap
 from kepsilon.audit.store import open_store
 from kepsilon.flows.release import governed_release
 from kepsilon.flows.spec import parse_spec
+from kepsilon.record import ReleaseRecord
 
 from .conftest import capped_store
 
@@ -26,7 +27,7 @@ pytestmark = [pytest.mark.flow, pytest.mark.usefixtures("prefect_harness")]
 POPULATION = "test-population"
 
 
-def _release(spec_dict: dict, release_id: str) -> dict:
+def _release(spec_dict: dict, release_id: str) -> ReleaseRecord:
     # The same source under several ids on purpose: each is a new release, not "unchanged since the last one".
     return governed_release(parse_spec({**spec_dict, "release_id": release_id, "epsilon": 1.0, "rerelease_unchanged": True}))
 
