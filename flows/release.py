@@ -26,6 +26,7 @@ task here is ``NO_CACHE`` and ``persist_result=False``, and the flow's only para
 
 from contextlib import nullcontext
 from datetime import UTC, datetime
+from typing import cast
 
 from prefect import flow
 from prefect.runtime import flow_run
@@ -36,18 +37,19 @@ from kepsilon.engine.criteria import disclosure_report
 from kepsilon.engine.metrics import certain_linking_risk, errors_by_class
 from kepsilon.engine.perturb import public_grid
 from kepsilon.engine.predict import draws_for, predict
+from kepsilon.engine.stages import release_sequence
 from kepsilon.flows.governance import SourceFacts, Spend, govern, run_day
 from kepsilon.flows.manifest import public_manifest, published_groups
 from kepsilon.flows.spec import ReleaseSpec
 from kepsilon.guarantee import Guarantee
-from kepsilon.record import PublicManifest, ReleaseRecord
+from kepsilon.record import PublicManifest, ReleaseMetrics, ReleaseRecord
 from kepsilon.tasks.certificate import certificate_figures, dp_certificate_figures, refuse_risk_over_limits
 from kepsilon.tasks.classify import ClassifiedTable, classify_attributes
 from kepsilon.tasks.dp_release import draw_dp_release, plan_dp_release
 from kepsilon.tasks.ingest import SourceTable, ingest_source
 from kepsilon.tasks.k_anonymise import k_anonymise_records
 from kepsilon.tasks.metrics import measure_release
-from kepsilon.tasks.perturb import perturb_records
+from kepsilon.tasks.perturb import perturb_records, release_streams
 from kepsilon.tasks.preflight import Verdicts, fresh_generator, pre_epsilon_checks
 from kepsilon.tasks.progress import release_progress, stage
 from kepsilon.tasks.publish import merge_and_shuffle, published_columns, stage_release
@@ -184,6 +186,17 @@ def pre_epsilon_in_memory(verdicts: Verdicts, spec, store: str, key: str, table,
     return summary
 
 
+# The engine's stage sequence (``kepsilon.engine.stages``) as this flow runs it: each step as its Prefect task
+# (the engine function's arguments), inside the progress stage named here (None: none of its own).
+FLOW_STEPS = {
+    "perturb": (perturb_records, "perturb"),
+    "suppress": (suppress_linkable, "suppress"),
+    "diversity-suppress": (suppress_undiverse, None),
+    "merge": (merge_and_shuffle, "merge"),
+    "metrics": (measure_release, None),
+}
+
+
 def _perturb_check_stage(
     spec, key, table, partition, reservation, store, record: ReleaseRecord, output_dir
 ) -> tuple[ReleaseRecord, object, dict]:
@@ -194,14 +207,20 @@ def _perturb_check_stage(
     """
     kept = table.frame[partition.kept]
     class_ids = partition.class_ids[partition.kept]
-    perturbation = _in_stage("perturb", perturb_records, kept, class_ids, spec, key, reservation.id, store)
-    record["perturbation"] = perturbation.report
-    record["seed_commitment"] = perturbation.seed_commitment
+    sealed = release_streams(spec, key, reservation.id, store)
 
-    suppression = _in_stage("suppress", suppress_linkable, kept, perturbation.frame, class_ids, perturbation.scales, spec)
-    suppression = suppress_undiverse(kept, class_ids, suppression, partition, table.roles)
-    release = _in_stage("merge", merge_and_shuffle, partition, kept, class_ids, perturbation, suppression, table.roles)
-    record.update(measure_release(kept, perturbation.frame, class_ids, partition, suppression, spec, perturbation.scales))
+    def step(name, function, *args):
+        """Each step of the engine's sequence as its Prefect task, in its progress stage if it has one."""
+        task, progress_stage = FLOW_STEPS[name]
+        result = _in_stage(progress_stage, task, *args) if progress_stage else task(*args)
+        if name == "perturb":  # recorded once the noise is drawn: a later failure's record holds them
+            record["perturbation"] = result.report
+            record["seed_commitment"] = sealed.commitment
+        return result
+
+    outcome = release_sequence(kept, class_ids, partition, spec, sealed.streams, run=step)
+    release, perturbation, suppression = outcome.released, outcome.perturbed, outcome.suppression
+    record.update(cast(ReleaseMetrics, outcome.metrics))  # the metrics step is measure_release: ReleaseMetrics
     record["groups"] = published_groups(release, table.roles["k_quasi"], record["rows_in"])
     predicted, measured = errors_by_class(kept, perturbation.frame, class_ids, perturbation.scales, spec)
     figure_inputs = {

@@ -41,8 +41,7 @@ from prefect.runtime import flow_run
 
 from kepsilon.audit.witness import with_chain_witness
 from kepsilon.engine.criteria import declared, disclosure_figures
-from kepsilon.engine.perturb import new_seed, public_grid
-from kepsilon.engine.randomness import RecordStreams
+from kepsilon.engine.perturb import public_grid
 from kepsilon.faults import fault_point
 from kepsilon.flows.governance import SourceFacts, Spend, govern, run_day
 from kepsilon.flows.manifest import groups_from_sizes, public_manifest
@@ -79,6 +78,7 @@ from kepsilon.tasks.partitioned import (
     remove_partials,
     shard_step_task,
 )
+from kepsilon.tasks.perturb import release_streams
 from kepsilon.tasks.preflight import Verdicts, pre_epsilon_checks
 from kepsilon.tasks.progress import release_progress, stage
 from kepsilon.tasks.publish import (
@@ -93,7 +93,6 @@ from kepsilon.tasks.publish import (
     staging_directory,
     write_file,
 )
-from kepsilon.tasks.record import escrowed_seed, mark_spent
 from kepsilon.tasks.scratch import Scratch, ScratchLease, private_root
 from kepsilon.tasks.shards import ShardedClasses, anonymise_shards, merge_shard
 from kepsilon.tasks.sources import SourcePlan
@@ -478,10 +477,7 @@ def _spend_check_stage(
     """The stages on reserved budget: seed, perturb and suppress, publish the parts, gate, manifest."""
     root, pieces = scratch, len(plan.pieces)
     classes = anonymised.classes
-    seed, commitment = escrowed_seed(store, key, spec.release_id, new_seed)
-    streams = RecordStreams(seed)
-    del seed
-    mark_spent(store, reservation.id)
+    streams, commitment = release_streams(spec, key, reservation.id, store)
     record["seed_commitment"] = commitment
 
     parts = _each("perturb-suppress", [

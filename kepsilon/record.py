@@ -7,7 +7,7 @@ outcome figures and the governance's approval, budget, failure or refusal. It go
 refused or failed release's record stops wherever the release stopped.
 
 ``PublicManifest`` is what is published beside the data (``manifest.json``), built from the record by
-``flows/manifest.public``. Its fields are the public ones, and only those: ``PUBLIC_FIELDS``, the runtime
+``flows/manifest.public_manifest``. Its fields are the public ones, and only those: ``PUBLIC_FIELDS``, the runtime
 allow-list the publish step checks every manifest against (``flows/manifest.check_public_fields``), is
 derived from these types (``allowed_fields``), so the list and the type cannot drift apart.
 

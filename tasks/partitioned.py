@@ -12,13 +12,13 @@ A. **intake** (per piece of the source, ``tasks/sources.py``): read the piece, c
 B. **distribute** (per piece): each record gets its tuple's class (a join on the k-quasi values with
    the shard of its bucket, one shard at a time) and goes to the class partition of its class: a class
    partition holds whole classes, in ranges of class ids of about equal record counts.
-C. **perturb and suppress** (per class partition): the engine's own functions on whole classes — noise
-   keyed by (seed, source position, column), confidence suppression, labels from the published
-   members — then the candidate records go to the range of their release-order key (the 64-bit key of
-   ``RecordStreams.order_keys``; its ranges split the published order into equal parts). Reductions
-   back to the flow: per published group its size and sensitive value counts (for diversity
-   suppression, the private figures and the gate), per class its counts and errors, the perturbation
-   and suppression counts.
+C. **perturb and suppress** (per class partition): the engine's stage sequence on whole classes
+   (``kepsilon.engine.stages.noise_and_suppress``: noise keyed by (seed, source position, column),
+   confidence suppression), then labels from the published members — then the candidate records go
+   to the range of their release-order key (the 64-bit key of ``RecordStreams.order_keys``; its ranges
+   split the published order into equal parts). Reductions back to the flow: per published group its
+   size and sensitive value counts (for diversity suppression, the private figures and the gate), per
+   class its counts and errors, the perturbation and suppression counts.
 D. **publish** (per order-key range): drop the records of groups that fail a declared criterion (the
    flow decided from the reduction), sort by (order key, source position) — the in-memory path's
    published order — and write the range as one Parquet file of the dataset (and its CSV records);
@@ -55,10 +55,10 @@ from kepsilon.engine.criteria import MISSING, declared, domain_codes, group_valu
 from kepsilon.engine.histogram import TupleHistogram, _add_counts
 from kepsilon.engine.metrics import errors_by_class, expected_relative_errors, linked_records
 from kepsilon.engine.partition import published_labels
-from kepsilon.engine.perturb import perturb, source_positions
+from kepsilon.engine.perturb import source_positions
 from kepsilon.engine.predict import Prediction, predict
 from kepsilon.engine.randomness import RecordStreams
-from kepsilon.engine.suppress import suppress_records
+from kepsilon.engine.stages import noise_and_suppress
 from kepsilon.faults import fault_point
 from kepsilon.flows.spec import ReleaseSpec
 from kepsilon.record import ReleaseMetrics
@@ -435,7 +435,9 @@ def perturb_and_suppress(
     coder: GroupCoder,
     parts: int,
 ) -> ClassPartition:
-    """Stage C on one class partition (whole classes): the in-memory path's stage functions as they are."""
+    """Stage C on one class partition (whole classes): the engine's stage sequence on whole classes
+    (``kepsilon.engine.stages.noise_and_suppress``), then the labels and the reductions for the steps that
+    need every partition."""
     area = scratch
     loaded = [area.read("shuffle", index, piece) for piece in range(pieces) if area.exists("shuffle", index, piece)]
     if not loaded:
@@ -443,9 +445,8 @@ def perturb_and_suppress(
     kept = pd.concat([frame for frame, _ in loaded])
     class_ids = np.concatenate([ids for _, ids in loaded])
     roles = spec.roles.names()
-    perturbed = perturb(kept, class_ids, spec.roles.e_quasi, spec.epsilon_split(), spec.scale_basis, streams)
-    suppression = suppress_records(kept, perturbed.frame, class_ids, perturbed.scales, spec)
-    published = ~suppression.removed
+    perturbed, suppression = noise_and_suppress(kept, class_ids, spec, streams)  # the engine's steps 1 and 2
+    published = ~suppression.removed  # diversity suppression (step 3) needs every partition: at publish
     labels = published_labels(kept[roles["k_quasi"]], class_ids, published, hierarchies, levels)
     merged = merge_release_columns(labels, kept, perturbed.frame, roles)
     keys = coder.keys(labels)

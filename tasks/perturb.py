@@ -1,44 +1,47 @@
-"""The perturbation stage as a Prefect task (the mechanism: ``kepsilon.engine.perturb``).
+"""The perturbation stage's governance and its Prefect task (the mechanism: ``kepsilon.engine.perturb``,
+run in the engine's stage sequence, ``kepsilon.engine.stages``).
 
-The seed is escrowed (sealed) in the audit store before any noise is drawn and lives only inside
-this task; caching and result persistence are off, since a cached result would hand the *same*
-noise to another release.
+The seed is escrowed (sealed) in the audit store before any noise is drawn (``release_streams``, called by
+both flows in their own process, beside the store) and leaves that function only as the release's
+``RecordStreams`` (keys derived from the seed, which its ``repr`` withholds); caching and result
+persistence are off, since a cached result would hand the *same* noise to another release.
 """
 
-from dataclasses import dataclass, field
-from typing import Any
+from typing import NamedTuple
 
 import numpy as np
 import pandas as pd
 from prefect import task
 from prefect.cache_policies import NO_CACHE
 
-from kepsilon.engine.perturb import new_seed, perturb, source_positions
+from kepsilon.engine.perturb import PerturbResult, new_seed
 from kepsilon.engine.randomness import RecordStreams
+from kepsilon.engine.stages import perturb_classes
 from kepsilon.faults import fault_point
 
 
-@dataclass
-class PerturbOutcome:
-    """What the perturb stage hands on: noisy records, scales, the release order; never the seed."""
+class SealedStreams(NamedTuple):
+    """The release's draws and the commitment to the seed they come from (for the record); never the seed."""
 
-    frame: pd.DataFrame = field(repr=False)
-    scales: dict[str, np.ndarray] = field(repr=False)
-    order: np.ndarray = field(repr=False)  # the published order of the records (a permutation)
-    report: dict[str, Any]
-    seed_commitment: str
+    streams: RecordStreams
+    commitment: str
 
 
-@task(name="perturb", cache_policy=NO_CACHE, persist_result=False)
-def perturb_records(frame: pd.DataFrame, class_ids: np.ndarray, spec, key: str, reservation_id: int, store: str):
-    """Prefect task: draw the release's noise from its escrowed seed and charge the ε as spent."""
+def release_streams(spec, key: str, reservation_id: int, store: str) -> SealedStreams:
+    """The release's draws from its escrowed seed (sealed in the store first, or unsealed on a rerun),
+    with the ε charged as spent before any noise is drawn."""
     from kepsilon.tasks.record import escrowed_seed, mark_spent
 
     seed, commitment = escrowed_seed(store, key, spec.release_id, new_seed)
     streams = RecordStreams(seed)
     del seed
     mark_spent(store, reservation_id)
-    result = perturb(frame, class_ids, spec.roles.e_quasi, spec.epsilon_split(), spec.scale_basis, streams)
-    order = streams.order(source_positions(frame))
+    return SealedStreams(streams, commitment)
+
+
+@task(name="perturb", cache_policy=NO_CACHE, persist_result=False)
+def perturb_records(frame: pd.DataFrame, class_ids: np.ndarray, spec, streams: RecordStreams) -> PerturbResult:
+    """Prefect task: the stage sequence's ``perturb`` step (``kepsilon.engine.stages.perturb_classes``)."""
+    result = perturb_classes(frame, class_ids, spec, streams)
     fault_point("after-noise")
-    return PerturbOutcome(result.frame, result.scales, order, result.report, commitment)
+    return result

@@ -37,8 +37,7 @@ import pyarrow.parquet as pq
 from prefect import task
 from prefect.cache_policies import NO_CACHE
 
-from kepsilon.engine.assemble import assemble_release
-from kepsilon.engine.partition import published_labels
+from kepsilon.engine.stages import published_table
 from kepsilon.faults import fault_point
 from kepsilon.record import PublicationEntries, PublicManifest
 
@@ -270,16 +269,15 @@ def stage_release(frame: pd.DataFrame, manifest: PublicManifest, output_dir: str
 
 
 @task(name="merge-and-shuffle", cache_policy=NO_CACHE, persist_result=False)
-def merge_and_shuffle(partition, kept: pd.DataFrame, class_ids, perturbation, suppression, roles: dict) -> pd.DataFrame:
-    """Prefect task: the release table, shuffled, without suppressed records.
+def merge_and_shuffle(partition, kept: pd.DataFrame, class_ids, noisy: pd.DataFrame, removed: np.ndarray,
+                      order: np.ndarray, roles: dict) -> pd.DataFrame:
+    """Prefect task: the stage sequence's ``merge`` step (``kepsilon.engine.stages.published_table``): the
+    release table, shuffled, without suppressed records.
 
-    The k-quasi labels are computed here, after the last suppression stage, from the published
+    The k-quasi labels are computed there, after the last suppression stage, from the published
     records only (``published_labels``), so no label depends on a suppressed record.
     """
-    released_quasis = published_labels(
-        kept[roles["k_quasi"]], class_ids, ~suppression.removed, partition.hierarchies, partition.levels
-    )
-    return assemble_release(released_quasis, kept, perturbation.frame, suppression.removed, perturbation.order, roles)
+    return published_table(partition, kept, class_ids, noisy, removed, order, roles)
 
 
 @task(name="move-into-place", cache_policy=NO_CACHE, persist_result=False)

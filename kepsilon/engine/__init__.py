@@ -14,6 +14,8 @@ the module named after it:
 - ``suppress`` — c-confident and diversity suppression; ``assemble`` — the table to publish;
 - ``metrics`` — errors, linking risk, class statistics (private figures);
 - ``dp`` — the (ε,δ) accountant of safe k-anonymisation after sampling;
+- ``stages`` — the release's stage sequence after k-anonymisation (perturb, suppress, merge, metrics), written
+  once for the flow, ``preview`` and the partitioned path;
 - ``preview`` — all of the above on a table in memory, as a release runs them, without governance.
 
 A governed release (ε reserved in the ledger, seed sealed, gate, atomic publication, audit record)

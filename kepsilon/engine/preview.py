@@ -1,9 +1,9 @@
 """A release's stages on a table in memory, without governance: for notebooks, tests and benchmarks.
 
-``preview(frame, spec)`` runs exactly the stage functions a release's tasks call, in the release's
-order — k-anonymise (Mondrian or OLA), perturb, confidence suppression, diversity suppression,
-labels from the published records, merge and keyed shuffle, metrics — and returns the table a
-release would publish with the private metrics it would record.
+``preview(frame, spec)`` k-anonymises (Mondrian or OLA), then runs the release's stage sequence
+(``kepsilon/engine/stages.py``, the one the in-memory flow runs as tasks: perturb, confidence
+suppression, diversity suppression, labels from the published records, merge and keyed shuffle,
+metrics) and returns the table a release would publish with the private metrics it would record.
 
 What it does not do is everything that makes a release governed: no ε is reserved or spent, no
 approval is checked, no seed is sealed, the Great Expectations gate does not run, nothing is written
@@ -19,12 +19,10 @@ from typing import TYPE_CHECKING, NamedTuple
 import pandas as pd
 
 from .anonymise import k_anonymise
-from .assemble import assemble_release
-from .metrics import release_metrics
-from .partition import Partition, published_labels
-from .perturb import new_seed, perturb, source_positions
+from .partition import Partition
+from .perturb import new_seed
 from .randomness import RecordStreams
-from .suppress import suppress_failing_groups, suppress_records
+from .stages import release_sequence
 
 if TYPE_CHECKING:
     from kepsilon.spec import ReleaseSpec  # the engine reads the spec; the model imports the engine
@@ -48,15 +46,5 @@ def preview(frame: pd.DataFrame, spec: ReleaseSpec, seed: bytes | None = None) -
     partition = k_anonymise(frame, spec)
     kept = frame[partition.kept]
     class_ids = partition.class_ids[partition.kept]
-    streams = RecordStreams(new_seed() if seed is None else seed)
-    perturbed = perturb(kept, class_ids, spec.roles.e_quasi, spec.epsilon_split(), spec.scale_basis, streams)
-    suppression = suppress_records(kept, perturbed.frame, class_ids, perturbed.scales, spec)
-    roles = spec.roles.names()
-    suppression = suppress_failing_groups(kept, class_ids, suppression, partition, roles)
-    labels = published_labels(
-        kept[roles["k_quasi"]], class_ids, ~suppression.removed, partition.hierarchies, partition.levels
-    )
-    order = streams.order(source_positions(kept))
-    released = assemble_release(labels, kept, perturbed.frame, suppression.removed, order, roles)
-    metrics = release_metrics(kept, perturbed.frame, class_ids, partition, suppression, spec, perturbed.scales)
-    return Preview(released, metrics, partition)
+    release = release_sequence(kept, class_ids, partition, spec, RecordStreams(new_seed() if seed is None else seed))
+    return Preview(release.released, release.metrics, partition)
