@@ -42,9 +42,10 @@ class RollbackDay(BadDay):
         return self.results.add(CATEGORY, f"{self.name}: {what}", ok, detail)
 
 
-def rollback_scenario(results: Results, env: dict, base: Path, source: Path) -> list[dict]:
-    """Each way of putting a backup back, through the CLI; returns the report's rows."""
-    return [_one_way(results, env, base, source, *way) for way in WAYS]
+def rollback_scenario(results: Results, env: dict, base: Path, source: Path, ways=WAYS) -> list[dict]:
+    """Each way of putting a backup back (``ways``, all of them by default), through the CLI; returns the
+    report's rows."""
+    return [_one_way(results, env, base, source, *way) for way in ways]
 
 
 def _one_way(results: Results, env: dict, base: Path, source: Path, name: str, restore_log: bool, delete_log: bool,

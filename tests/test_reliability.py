@@ -160,13 +160,19 @@ def test_when_the_prefect_server_dies_after_the_noise_the_cli_tells_what_the_sto
 # --- A store put back from a backup (issue 24.1; reliability/rollback.py) ---------------------------------
 
 
-def test_a_store_put_back_from_a_backup_is_refused_before_epsilon_with_or_without_its_head_log(server, base, sample):
+def test_a_store_put_back_from_a_backup_with_its_head_log_is_refused_before_epsilon(server, base, sample):
+    """Short version of make reliability's rollback block: the issue's own scenario (the store and its head
+    log put back after a second release) through the CLI. The other two ways (head log deleted, newer head
+    log kept) run in make reliability; tests/test_rollback.py and tests/test_audit_integrity.py check all
+    three through the library."""
     from reliability.rollback import CATEGORY, WAYS, rollback_scenario
 
     results = Results()
-    table = rollback_scenario(results, server, base / "rollback", sample)
-    assert_all_pass(results, CATEGORY, minimum=8 * len(WAYS))
-    assert [row["refused_before_epsilon"] for row in table] == [True] * len(WAYS)
+    ways = WAYS[:1]
+    assert ways[0][0] == "store and head log put back"
+    table = rollback_scenario(results, server, base / "rollback", sample, ways=ways)
+    assert_all_pass(results, CATEGORY, minimum=8)
+    assert [row["refused_before_epsilon"] for row in table] == [True]
 
 
 @pytest.mark.heavy  # a release, a throw-away server of the CLI's kind and a Datasette: about 90 s
