@@ -22,7 +22,7 @@ import os
 import sys
 import time
 import traceback
-from collections.abc import Iterator
+from collections.abc import Iterator, Mapping
 from datetime import UTC, datetime
 from pathlib import Path
 from typing import IO, TYPE_CHECKING, Any, Optional, cast
@@ -124,6 +124,13 @@ SERVE_DEFAULT_PORT = 4200
 # out a blip; a call that still fails does not decide what the user is told (the audit store does).
 CLIENT_MAX_RETRIES = 1
 
+# The flow run the CLI starts in its own process sends no heartbeats unless the environment asks for them
+# (PREFECT_FLOWS_HEARTBEAT_FREQUENCY, or its legacy name PREFECT_RUNNER_HEARTBEAT_FREQUENCY). A heartbeat only
+# serves a server automation that marks silent runs as crashed, which kepsilon does not set up, and the first
+# heartbeat and the thread's join at exit cost 1.5-2.5 s of every release (docs/cli-and-server.md); what the
+# user is told of a run whose process died comes from the audit store anyway.
+HEARTBEAT_VARIABLES = ("PREFECT_FLOWS_HEARTBEAT_FREQUENCY", "PREFECT_RUNNER_HEARTBEAT_FREQUENCY")
+
 
 def _serve_api_url() -> str:
     return f"http://127.0.0.1:{os.environ.get(SERVE_PORT_ENV) or SERVE_DEFAULT_PORT}/api"
@@ -146,6 +153,19 @@ def _note(text: str) -> None:
     errors.print(f"[dim]{escape(text)}[/]", soft_wrap=True)
 
 
+def release_client_settings(environ: Mapping[str, str]) -> dict:
+    """The Prefect client settings of the CLI's own flow run, where ``environ`` leaves them to kepsilon:
+    bounded retries (``CLIENT_MAX_RETRIES``) and no heartbeats (``HEARTBEAT_VARIABLES``)."""
+    from prefect.settings import PREFECT_CLIENT_MAX_RETRIES, PREFECT_FLOWS_HEARTBEAT_FREQUENCY
+
+    settings: dict = {}
+    if "PREFECT_CLIENT_MAX_RETRIES" not in environ:
+        settings[PREFECT_CLIENT_MAX_RETRIES] = CLIENT_MAX_RETRIES
+    if not any(name in environ for name in HEARTBEAT_VARIABLES):
+        settings[PREFECT_FLOWS_HEARTBEAT_FREQUENCY] = None
+    return settings
+
+
 @contextlib.contextmanager
 def _prefect_api() -> Iterator[Optional["LocalServer"]]:
     """The Prefect API the release reports to, so that its run is listed where the user looks for runs.
@@ -157,12 +177,12 @@ def _prefect_api() -> Iterator[Optional["LocalServer"]]:
     so; its log is a file in PREFECT_HOME, kept only when it holds an error, and pointed at when the
     error came during the run. Client retries are bounded (``CLIENT_MAX_RETRIES``) unless
     PREFECT_CLIENT_MAX_RETRIES is set: a server that dies mid-run is reported within seconds, and what
-    happened to the release is then read from the audit store.
+    happened to the release is then read from the audit store. The run sends no heartbeats unless the
+    environment asks for them (``HEARTBEAT_VARIABLES``).
     """
     from prefect.settings import (
         PREFECT_API_AUTH_STRING,
         PREFECT_API_URL,
-        PREFECT_CLIENT_MAX_RETRIES,
         get_current_settings,
         temporary_settings,
     )
@@ -173,11 +193,11 @@ def _prefect_api() -> Iterator[Optional["LocalServer"]]:
     from kepsilon.prefect_login import ENV_AUTH_FILE
 
     settings = get_current_settings()
-    bounded = {} if "PREFECT_CLIENT_MAX_RETRIES" in os.environ else {PREFECT_CLIENT_MAX_RETRIES: CLIENT_MAX_RETRIES}
+    client_settings = release_client_settings(os.environ)
     configured = settings.api.url
     configured_login = settings.api.auth_string.get_secret_value() if settings.api.auth_string else None
     if configured and _answers(configured) and (settings.api.key or accepts_login(configured, configured_login)):
-        with temporary_settings(updates=bounded):
+        with temporary_settings(updates=client_settings):
             yield None
         return
     serve_login = _serve_login(settings)
@@ -190,7 +210,7 @@ def _prefect_api() -> Iterator[Optional["LocalServer"]]:
     elif accepts_login(_serve_api_url(), serve_login):
         _note(f"Prefect server: {_serve_api_url().removesuffix('/api')} (make serve); the run is listed in its UI")
         with temporary_settings(updates={PREFECT_API_URL: _serve_api_url(), PREFECT_API_AUTH_STRING: serve_login,
-                                         **bounded}):
+                                         **client_settings}):
             yield None
         return
     else:
@@ -205,7 +225,7 @@ def _prefect_api() -> Iterator[Optional["LocalServer"]]:
         raise RuntimeError(f"{failure}; its log: {log_path}") from None
     try:
         with temporary_settings(updates={PREFECT_API_URL: server.api_url, PREFECT_API_AUTH_STRING: server.auth_string,
-                                         **bounded}):
+                                         **client_settings}):
             yield server
     finally:
         server.stop()

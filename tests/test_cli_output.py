@@ -92,6 +92,17 @@ def flow_run_on(api_url: str, output: str, seconds: float = 30, auth_string: str
         time.sleep(0.5)
 
 
+def flow_run_events(api_url: str, flow_run_id: str, names: list[str], auth_string: str | None) -> int:
+    """How many events named ``names`` the server at ``api_url`` holds about the flow run ``flow_run_id``."""
+    since = time.strftime("%Y-%m-%dT%H:%M:%S+00:00", time.gmtime(time.time() - 3600))
+    body = {"filter": {"event": {"name": names}, "any_resource": {"id": [f"prefect.flow-run.{flow_run_id}"]},
+                       "occurred": {"since": since}}, "limit": 50}
+    request = urllib.request.Request(f"{api_url}/events/filter", method="POST", data=json.dumps(body).encode(),
+                                     headers={"Content-Type": "application/json", **authorization_header(auth_string)})
+    with urllib.request.urlopen(request, timeout=10) as response:
+        return int(json.loads(response.read())["total"])
+
+
 def closed_port() -> int:
     with socket.socket() as probe:
         probe.bind(("127.0.0.1", 0))
@@ -113,6 +124,26 @@ def test_a_successful_release_is_listed_by_the_configured_server_and_prints_no_e
     assert listed.get("state_type") == "COMPLETED", listed
     assert listed["parameters"]["spec"]["release_id"] == f"cli-ok-{attempt}"
     assert not list((work / "prefect").glob("kepsilon-release-server-*.log")), "no server of its own, no log"
+    # The CLI's run sends no heartbeat (kepsilon.cli.HEARTBEAT_VARIABLES): once the server has the run's
+    # completion event, it has no heartbeat event of it (Prefect's default sends one as the run starts).
+    api, login = env["PREFECT_API_URL"], env["PREFECT_API_AUTH_STRING"]
+    deadline = time.monotonic() + 30
+    while not flow_run_events(api, listed["id"], ["prefect.flow-run.Completed"], login) and time.monotonic() < deadline:
+        time.sleep(0.5)
+    assert flow_run_events(api, listed["id"], ["prefect.flow-run.Completed"], login) == 1
+    assert flow_run_events(api, listed["id"], ["prefect.flow-run.heartbeat"], login) == 0
+
+
+def test_the_clis_flow_run_sends_heartbeats_only_when_the_environment_asks():
+    from prefect.settings import PREFECT_CLIENT_MAX_RETRIES, PREFECT_FLOWS_HEARTBEAT_FREQUENCY
+
+    from kepsilon.cli import CLIENT_MAX_RETRIES, release_client_settings
+
+    assert release_client_settings({}) == {PREFECT_CLIENT_MAX_RETRIES: CLIENT_MAX_RETRIES,
+                                           PREFECT_FLOWS_HEARTBEAT_FREQUENCY: None}
+    for name in ("PREFECT_FLOWS_HEARTBEAT_FREQUENCY", "PREFECT_RUNNER_HEARTBEAT_FREQUENCY"):
+        assert PREFECT_FLOWS_HEARTBEAT_FREQUENCY not in release_client_settings({name: "60"})
+    assert release_client_settings({"PREFECT_CLIENT_MAX_RETRIES": "8"}) == {PREFECT_FLOWS_HEARTBEAT_FREQUENCY: None}
 
 
 def test_without_prefect_api_url_the_release_goes_to_the_make_serve_server(workspace):
