@@ -30,12 +30,13 @@ demo: install
 ## test: lint (ruff), types (mypy through scripts/typecheck.py, over [tool.mypy] files in pyproject.toml) and the test
 ## suite (the heavy variants run in make test-heavy), spread over TEST_WORKERS pytest-xdist processes (2: this
 ## project's machines have 2 cores; each worker starts its own session Prefect servers). A module stays on one
-## worker (--dist loadscope), so a module's shared fixtures (a cluster, a workspace) start once.
+## worker (--dist loadscope), so a module's shared fixtures (a cluster, a workspace) start once; the slowest modules
+## go first (tests/conftest.py's SLOWEST_MODULES), so that neither worker is left alone with one at the end.
 TEST_WORKERS ?= 2
 test: install
 	$(BIN)/ruff check .
 	$(BIN)/python scripts/typecheck.py
-	$(BIN)/pytest -m "not heavy" -n $(TEST_WORKERS) --dist loadscope
+	$(BIN)/pytest -m "not heavy" -n $(TEST_WORKERS) --dist loadscope --no-loadscope-reorder
 
 ## test-heavy: the slow variants: the Prefect UI's run pages in headless Chromium, every stop signal of make serve
 test-heavy: install
