@@ -100,12 +100,8 @@ worker=$started
 echo "Ctrl-C stops the worker and the server."
 
 # Until Ctrl-C, or until either of them exits on its own (a worker without its server only prints errors).
-# A loop of one-second sleeps, not `wait -n`: a Ctrl-C once went unanswered for over 10 s in `wait -n`
-# (bash 5.2, 1 run in 8 of make test); between two commands bash runs its trap at once, and a Ctrl-C to the
-# group ends the sleep too.
 set +e
-while running "$server" && running "$worker"; do sleep 1; done
-if running "$server"; then wait "$worker"; else wait "$server"; fi
+wait -n "$server" "$worker"
 status=$?
 set -e
 running "$server" || echo "the Prefect server stopped (exit $status); see $PREFECT_HOME/server.log" >&2

@@ -78,6 +78,14 @@ def _alive(session: int, seen: dict[int, int]) -> dict[int, str]:
     return alive
 
 
+def _as_a_terminals_foreground_job() -> None:
+    """SIGINT at its default action in serve.sh, as a terminal's foreground job has it. A test run started in
+    the background by a non-interactive shell (`make test &` in a script) ignores SIGINT, every process below
+    it inherits that, and bash cannot trap a signal ignored on entry: Ctrl-C would then be tested on a shell
+    no terminal gives (both SIGINT cases failed so, in the background, 2026-11-29)."""
+    signal.signal(signal.SIGINT, signal.SIG_DFL)
+
+
 def _worker_registered(api: str, auth_file: Path) -> bool:
     """Whether a worker has registered, asked with make serve's login (its file exists once serve.sh made it)."""
     login = read_auth_string(auth_file) if auth_file.exists() else None
@@ -114,6 +122,7 @@ def test_one_signal_stops_server_and_worker_within_10_seconds(tmp_path, signal_n
         serve = subprocess.Popen(
             [str(ROOT / "deployments" / "serve.sh")], env=env, stdout=log, stderr=subprocess.STDOUT,
             start_new_session=True,  # its own session and process group, as a terminal gives a foreground job
+            preexec_fn=_as_a_terminals_foreground_job,
         )
     seen: dict[int, int] = {}
     try:
