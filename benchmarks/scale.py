@@ -378,7 +378,9 @@ class Services:
             **quiet,
         )
         self.client_env = {**{k: v for k, v in dask_env.items() if k.startswith("DASK_")},
-                           "PREFECT_API_URL": prefect_env["PREFECT_API_URL"], "PREFECT_HOME": prefect_env["PREFECT_HOME"]}
+                           "PREFECT_API_URL": prefect_env["PREFECT_API_URL"], "PREFECT_HOME": prefect_env["PREFECT_HOME"],
+                           # The server asks a login: without it each release would find it refusing and start its own.
+                           "PREFECT_API_AUTH_STRING": prefect_env["PREFECT_API_AUTH_STRING"]}
         self._wait_for_workers(credentials_files=(ca, cert, key))
         return self
 
@@ -434,11 +436,14 @@ def _cpu_seconds(process: psutil.Process) -> float:
         return 0.0
 
 
-def _api(api_url: str, route: str, body: dict) -> list:
+def _api(api_url: str, route: str, body: dict, auth_string: str | None) -> list:
+    """POST ``body`` to the Prefect API's ``route`` with the server's login (every server kepsilon starts has one)."""
     import urllib.request
 
+    from kepsilon.prefect_login import authorization_header
+
     request = urllib.request.Request(f"{api_url}/{route}", data=json.dumps(body).encode(), method="POST",
-                                     headers={"Content-Type": "application/json"})
+                                     headers={"Content-Type": "application/json", **authorization_header(auth_string)})
     with urllib.request.urlopen(request, timeout=30) as response:
         return json.loads(response.read())
 
@@ -449,17 +454,18 @@ def _seconds_since(stamp: str, origin: float) -> float:
     return round(datetime.fromisoformat(stamp.replace("Z", "+00:00")).timestamp() - origin, 2)
 
 
-def stage_times(api_url: str, started_wall: float) -> dict:
-    """The flow's stages from the Prefect API: per task name, the task runs, their summed run time and their
-    span (first start to last end, seconds from the command's start)."""
+def stage_times(api_url: str, started_wall: float, auth_string: str | None) -> dict:
+    """The flow's stages from the Prefect API (asked with the server's login ``auth_string``): per task name, the
+    task runs, their summed run time and their span (first start to last end, seconds from the command's start)."""
     from datetime import UTC, datetime
 
     after = datetime.fromtimestamp(started_wall - 1, UTC).isoformat()
-    flows = _api(api_url, "flow_runs/filter", {"flow_runs": {"start_time": {"after_": after}}, "limit": 200})
+    flows = _api(api_url, "flow_runs/filter", {"flow_runs": {"start_time": {"after_": after}}, "limit": 200}, auth_string)
     ids = [run["id"] for run in flows]
     runs, offset = [], 0
     while ids:
-        page = _api(api_url, "task_runs/filter", {"flow_runs": {"id": {"any_": ids}}, "limit": 200, "offset": offset})
+        page = _api(api_url, "task_runs/filter", {"flow_runs": {"id": {"any_": ids}}, "limit": 200, "offset": offset},
+                    auth_string)
         runs += page
         offset += len(page)
         if len(page) < 200:
@@ -527,7 +533,8 @@ def run_fine_case(name: str, rows: int, services: Services, source: Path) -> dic
             peaks[roles_by_pid.get(pid, f"service-child-{pid}")] = peak
         cpu = {role: round(_cpu_seconds(p) - cpu_before[role], 1) for role, p in long_lived.items()}
         record = json.loads(_private_record(folder / "audit.db"))
-        times = stage_times(services.client_env["PREFECT_API_URL"], started_wall)
+        times = stage_times(services.client_env["PREFECT_API_URL"], started_wall,
+                            services.client_env["PREFECT_API_AUTH_STRING"])
         partition_task_seconds = sum(entry["task_seconds"] for stage, entry in times["stages"].items()
                                      if stage in PARTITION_STAGES)
         for stage, entry in times["stages"].items():
