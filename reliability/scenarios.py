@@ -356,16 +356,10 @@ def inprocess_cli(args: list[str], env: dict, cwd: Path) -> tuple[int, str]:
     """The same ``kepsilon`` Typer app invoked in this process (no import cost per case): (exit code, output).
 
     The audit store, seed key and default cap come from ``env`` for the call; Prefect talks to the
-    server named by ``env['PREFECT_API_URL']``. Flow-run heartbeats are off for these runs (each costs
-    1.5–2.5 s of a refused release's few seconds, tests/conftest.py's ``prefect_harness`` says how it was
-    measured); the subprocess scenarios keep Prefect's default.
+    server named by ``env['PREFECT_API_URL']`` (the CLI itself turns its run's heartbeats off,
+    ``kepsilon.cli.release_client_settings``).
     """
-    from prefect.settings import (
-        PREFECT_API_AUTH_STRING,
-        PREFECT_API_URL,
-        PREFECT_FLOWS_HEARTBEAT_FREQUENCY,
-        temporary_settings,
-    )
+    from prefect.settings import PREFECT_API_AUTH_STRING, PREFECT_API_URL, temporary_settings
     from typer.testing import CliRunner
 
     from kepsilon.cli import app
@@ -377,7 +371,7 @@ def inprocess_cli(args: list[str], env: dict, cwd: Path) -> tuple[int, str]:
     # run and starts a server of its own for every call (5-7 s each).
     server = {PREFECT_API_URL: env["PREFECT_API_URL"], PREFECT_API_AUTH_STRING: env.get("PREFECT_API_AUTH_STRING")}
     try:
-        with temporary_settings(updates={**server, PREFECT_FLOWS_HEARTBEAT_FREQUENCY: None}):
+        with temporary_settings(updates=server):
             result = CliRunner().invoke(app, args)
     finally:
         for name, value in saved.items():
