@@ -39,6 +39,7 @@ from kepsilon.record import ReleaseRecord
 from kepsilon.tasks.certificate import write_release_certificate
 from kepsilon.tasks.classify import check_roles
 from kepsilon.tasks.errors import ReleaseFailed, ValidationFailed, describe_failure
+from kepsilon.tasks.figure_inputs import FigureInputs
 from kepsilon.tasks.figures import RELEASE_CAPTIONS, private_report_dir, release_figures, write_figures
 from kepsilon.tasks.preflight import check_output, find_published, unchanged_release
 from kepsilon.tasks.publish import move_into_place
@@ -53,7 +54,7 @@ from kepsilon.tasks.record import (
 
 # What runs on the reserved budget: (reservation, record) -> (record, staged publication, the private
 # figures' inputs or None). Every failure it raises is recorded by ``govern``.
-Spend = Callable[[Any, ReleaseRecord], tuple[ReleaseRecord, Any, dict | None]]
+Spend = Callable[[Any, ReleaseRecord], tuple[ReleaseRecord, Any, FigureInputs | None]]
 
 
 @dataclass(frozen=True)
@@ -182,7 +183,7 @@ def unchanged_outcome(spec: ReleaseSpec, current: ReleaseRecord) -> ReleaseRecor
     return {**current, "unchanged_source": True, "requested_release_id": spec.release_id, "published_at": where}
 
 
-def release_figures_for(spec: ReleaseSpec, inputs: dict, folder) -> None:
+def release_figures_for(spec: ReleaseSpec, inputs: FigureInputs, folder) -> None:
     """Draw the private figures into the private report folder and onto the run's page.
 
     The release is published and recorded by now: a figure that cannot be drawn or written is logged
@@ -190,7 +191,7 @@ def release_figures_for(spec: ReleaseSpec, inputs: dict, folder) -> None:
     """
     logger = get_run_logger()
     try:
-        figures = release_figures(inputs["group_sizes"], inputs["predicted"], inputs["measured"], spec.k)
+        figures = release_figures(inputs, spec.k)
         write_figures(figures, folder)
         publish_figure_artifact("release-" + spec.release_id, figures, RELEASE_CAPTIONS, "private figures of the release")
     except Exception as failure:  # noqa: BLE001 - see the docstring

@@ -324,12 +324,20 @@ def published_groups(frame, k_quasi: list[str], n_in: int) -> dict:
 
 
 def groups_from_sizes(sizes, n_in: int) -> dict:
-    """:func:`published_groups` from the published groups' sizes (any order), as a partitioned release counts them."""
-    sizes = np.asarray(sizes)
-    removed = n_in - int(sizes.sum())
+    """:func:`published_groups` from the published groups' sizes (any order)."""
+    values, counts = np.unique(np.asarray(sizes, dtype=np.int64), return_counts=True)
+    return groups_from_size_counts(values, counts, n_in)
+
+
+def groups_from_size_counts(values, counts, n_in: int) -> dict:
+    """:func:`published_groups` from a frequency of frequencies of the published groups' sizes (``counts[i]``
+    groups of ``values[i]`` records), as a partitioned release adds them up: integers throughout, so exact."""
+    values = [int(v) for v in np.asarray(values, dtype=np.int64)]
+    counts = [int(c) for c in np.asarray(counts, dtype=np.int64)]
+    removed = n_in - sum(v * c for v, c in zip(values, counts))
     return {
-        "published": int(len(sizes)),
-        "smallest": int(sizes.min()) if len(sizes) else 0,
-        "largest": int(sizes.max()) if len(sizes) else 0,
-        "discernibility": int((sizes.astype("int64") ** 2).sum()) + removed * n_in,
+        "published": sum(counts),
+        "smallest": min(values) if values else 0,
+        "largest": max(values) if values else 0,
+        "discernibility": sum(v * v * c for v, c in zip(values, counts)) + removed * n_in,
     }

@@ -46,6 +46,7 @@ from kepsilon.record import PublicManifest, ReleaseMetrics, ReleaseRecord
 from kepsilon.tasks.certificate import certificate_figures, dp_certificate_figures, refuse_risk_over_limits
 from kepsilon.tasks.classify import ClassifiedTable, classify_attributes
 from kepsilon.tasks.dp_release import draw_dp_release, plan_dp_release
+from kepsilon.tasks.figure_inputs import FigureInputs
 from kepsilon.tasks.ingest import SourceTable, ingest_source
 from kepsilon.tasks.k_anonymise import k_anonymise_records
 from kepsilon.tasks.metrics import measure_release
@@ -199,7 +200,7 @@ FLOW_STEPS = {
 
 def _perturb_check_stage(
     spec, key, table, partition, reservation, store, record: ReleaseRecord, output_dir
-) -> tuple[ReleaseRecord, object, dict]:
+) -> tuple[ReleaseRecord, object, FigureInputs]:
     """The stages that run on reserved budget: noise, suppression, labels, checks, staging the files.
 
     Returns the private record, the staged publication, and what the private figures need (group
@@ -223,11 +224,8 @@ def _perturb_check_stage(
     record.update(cast(ReleaseMetrics, outcome.metrics))  # the metrics step is measure_release: ReleaseMetrics
     record["groups"] = published_groups(release, table.roles["k_quasi"], record["rows_in"])
     predicted, measured = errors_by_class(kept, perturbation.frame, class_ids, perturbation.scales, spec)
-    figure_inputs = {
-        "group_sizes": release.groupby(table.roles["k_quasi"], sort=False, dropna=False).size().to_numpy(),
-        "predicted": predicted,
-        "measured": measured,
-    }
+    figure_inputs = FigureInputs.of_arrays(
+        release.groupby(table.roles["k_quasi"], sort=False, dropna=False).size().to_numpy(), predicted, measured)
     record["columns"] = published_columns(release, table.roles)
     # Private: what the published groups achieve on the sensitive columns, and their prosecutor risk.
     record["disclosure"] = disclosure_report(release, table.roles["k_quasi"], partition.criteria)

@@ -7,7 +7,10 @@ distribute → the checks before ε (``tasks/preflight.py``: noise grid, seed ke
 risk, each class partition predicted on the cluster) → approve → reserve ε → draw the seed → perturb and
 suppress → diversity suppression → publish the parts → gate → stage the manifest → record → rename into
 place — on a table that never has to fit in one process. The stages per partition are in
-``tasks/partitioned.py``; this module (``DaskEngine``) only orders them and reduces their counts.
+``tasks/partitioned.py``, the group checks and figures by bucket of group keys in ``tasks/group_reduction.py``;
+this module (``DaskEngine``) only orders them and adds up what they return: counts, frequencies of group and
+class sizes, check outcomes, disclosure figures and the error figure's points or hexagon counts — nothing that
+grows with the groups or classes (docs/performance.md, "the flow's process").
 
 Where things run: every per-partition task is submitted to the flow's ``DaskTaskRunner`` (prefect-dask),
 on a ``LocalCluster`` of ``execution.workers`` processes, or on the cluster whose scheduler is
@@ -40,11 +43,11 @@ from prefect.futures import as_completed
 from prefect.runtime import flow_run
 
 from kepsilon.audit.witness import with_chain_witness
-from kepsilon.engine.criteria import declared, disclosure_figures
+from kepsilon.engine.criteria import add_disclosure_figures, declared
 from kepsilon.engine.perturb import public_grid
 from kepsilon.faults import fault_point
 from kepsilon.flows.governance import SourceFacts, Spend, govern, run_day
-from kepsilon.flows.manifest import groups_from_sizes, public_manifest
+from kepsilon.flows.manifest import groups_from_size_counts, public_manifest
 from kepsilon.flows.spec import ReleaseSpec
 from kepsilon.guarantee import Guarantee
 from kepsilon.record import ReleaseRecord
@@ -56,25 +59,38 @@ from kepsilon.tasks.certificate_dask import (
     shard_sketches,
 )
 from kepsilon.tasks.errors import SpecError, ValidationFailed
+from kepsilon.tasks.figure_inputs import ErrorCells, ErrorExtremes, FigureInputs, SizeCounts
+from kepsilon.tasks.group_reduction import (
+    CLASSES,
+    FAILING,
+    GROUPS,
+    WRITTEN,
+    WRITTEN_BUCKETS,
+    GroupCheck,
+    GroupGate,
+    check_groups_task,
+    class_figures_task,
+    gate_groups_task,
+    gather_written_task,
+    perturb_task,
+    publish_task,
+)
+from kepsilon.tasks.group_reduction import STAGES as GROUP_STAGES
 from kepsilon.tasks.partitioned import (
     DATA_CSV,
     DATASET,
+    ClassOutcome,
     GroupCoder,
-    GroupCounts,
     TableIntake,
     combine_intakes,
-    combine_outcome,
     combine_perturbation,
     distinct_count_task,
     distribute_task,
-    failing_groups,
-    gate_tables,
     intake_task,
     join_csv_task,
-    perturb_task,
+    outcome_metrics,
     plan_source_task,
     predict_task,
-    publish_task,
     remove_partials,
     shard_step_task,
 )
@@ -101,7 +117,9 @@ from kepsilon.tasks.validate import validate_aggregated, validation_failure, wei
 # Room the scratch folder needs, as a multiple of the table's size in memory: the classified records,
 # then the records by class and by order range (each stage removes its input as it goes).
 SCRATCH_FACTOR = 3
-_STAGES = 5  # stages that run once per partition: intake, distribute, predict, perturb-suppress, publish-part
+# Stages that run once per partition: intake, distribute, predict, perturb-suppress, publish-part, and the
+# group reduction's (check-groups, class-figures, gate-groups).
+_STAGES = 5 + len(GROUP_STAGES)
 
 
 # The HTTP endpoints a Dask scheduler and its workers open whatever their settings (the dashboard, and
@@ -473,10 +491,15 @@ def _intake(spec: ReleaseSpec, plan: SourcePlan, scratch: Scratch) -> TableIntak
 
 def _spend_check_stage(
     spec, key, plan, table, anonymised, coder, reservation, store, record: ReleaseRecord, output_dir, scratch
-) -> tuple[ReleaseRecord, Publication, dict]:
-    """The stages on reserved budget: seed, perturb and suppress, publish the parts, gate, manifest."""
+) -> tuple[ReleaseRecord, Publication, FigureInputs]:
+    """The stages on reserved budget: seed, perturb and suppress, publish the parts, gate, manifest.
+
+    Groups and classes stay on the workers (``tasks/group_reduction.py``): the flow adds up sizes, counts,
+    check outcomes and figures' reductions, whose size does not grow with them.
+    """
     root, pieces = scratch, len(plan.pieces)
     classes = anonymised.classes
+    criteria = anonymised.criteria
     streams, commitment = release_streams(spec, key, reservation.id, store)
     record["seed_commitment"] = commitment
 
@@ -487,20 +510,23 @@ def _spend_check_stage(
     scratch.remove("shuffle")
     fault_point("after-noise")
     record["perturbation"] = combine_perturbation(parts)
-    criteria = anonymised.criteria
-    groups = GroupCounts.add([part.groups for part in parts])
-    failing = failing_groups(groups, criteria)
-    outcome = combine_outcome(parts, failing, groups, classes.report, spec, criteria)
-    record.update(outcome.metrics)
+    checked = _each("check-groups", [check_groups_task.submit(root, bucket, pieces, criteria) for bucket in range(pieces)])
+    scratch.remove(GROUPS)
+    errors = ErrorExtremes.add([part.error_extremes for part in parts if part.error_extremes is not None])
+    extent = None if errors.as_points else errors.extent()  # the error figure's grid, the same for every partition
+    outcomes = _each("class-figures", [class_figures_task.submit(root, index, pieces, spec, extent) for index in range(pieces)])
+    scratch.remove(CLASSES)
+    record.update(outcome_metrics(parts, outcomes, classes.report, spec, criteria))
+    figure_inputs = _figure_inputs(checked, errors, extent, outcomes)
 
     meta = next(part.meta for part in parts if part.meta is not None)
     staging = _fresh_staging(output_dir, spec.release_id)
     published = _each("publish-part", [
-        publish_task.submit(index, pieces, root, str(staging), failing, spec, meta, spec.execution.csv,
-                            len(coder.sensitive))
+        publish_task.submit(index, pieces, root, str(staging), spec, meta, spec.execution.csv, len(coder.sensitive), pieces)
         for index in range(pieces)
     ])
     scratch.remove("ordered")
+    scratch.remove(FAILING)
     remove_partials(staging / DATASET)  # pieces of attempts killed mid-write
     outputs = {part.name: part.sha256 for part in published}
     if spec.execution.csv:
@@ -508,20 +534,25 @@ def _spend_check_stage(
         remove_partials(staging)
         scratch.remove("csv")
 
-    written = GroupCounts.add([part.groups for part in published])  # the gate recounts what was written
-    record["groups"] = groups_from_sizes(written.sizes, record["rows_in"])
+    # The gate recounts what was written, bucket by bucket of group keys, on the workers.
+    gates = _each("gate-groups", [gate_groups_task.submit(root, bucket, pieces, spec, coder, criteria) for bucket in range(pieces)])
+    scratch.remove(WRITTEN)
+    written = SizeCounts.add([gate.sizes for gate in gates])
+    record["groups"] = groups_from_size_counts(written.values, written.counts, record["rows_in"])
     record["columns"] = published_columns(meta, spec.roles.names())
-    record["disclosure"] = disclosure_figures(written.sizes, written.matrices(criteria), criteria)
-    # Private: the officer's certificate's figures, by reduction over the partitions (tasks/certificate_dask.py).
-    root.write(written, WRITTEN_GROUPS)  # by reference: the groups' counts grow with the groups
+    record["disclosure"] = add_disclosure_figures([gate.disclosure for gate in gates])
+    # Private: the officer's certificate's figures, by reduction over the partitions (tasks/certificate_dask.py);
+    # the written groups it reads are gathered in the scratch by a worker (they grow with the groups).
+    gather_written_task.submit(root, pieces).result()
+    scratch.remove(WRITTEN_BUCKETS)
     shards_failed = shard_sketches(spec, root, pieces, _on_cluster)
     record["certificate"] = dask_certificate_task.submit(
         spec, root, pieces, pieces, pieces, anonymised.hierarchies, coder,
-        record["rows_in"] - int(written.sizes.sum()), shards_failed,
+        record["rows_in"] - written.records, shards_failed,
     ).result()
     for name in (*CERTIFICATE_SKETCHES, WRITTEN_GROUPS, "shard", "shard-classes"):
         scratch.remove(name)
-    validation = _gate(spec, record, written, coder, criteria, [part.checks for part in published])
+    validation = _gate(spec, record, gates, criteria, [part.checks for part in published])
     record["checks"] = validation.checks
     if not validation.success:
         raise validation_failure(validation)
@@ -537,7 +568,19 @@ def _spend_check_stage(
     record["output_dir"] = str(publication.directory)
     record["public_manifest"] = {**public, "outputs": dict(outputs)}
     record["execution"]["finished_at"] = datetime.now(UTC).isoformat()
-    return record, publication, outcome.figure_inputs
+    return record, publication, figure_inputs
+
+
+def _figure_inputs(checked: list[GroupCheck], errors: ErrorExtremes, extent, outcomes: list[ClassOutcome]) -> FigureInputs:
+    """The private figures' inputs added up: the published groups' sizes after diversity suppression, and the
+    classes' errors as points (class partitions in order: classes in order) or counts per hexagon."""
+    sizes = SizeCounts.add([check.sizes for check in checked])
+    if extent is None:
+        points = [outcome.points for outcome in outcomes if outcome.points is not None]
+        joined = (np.concatenate([np.zeros(0), *(p[0] for p in points)]), np.concatenate([np.zeros(0), *(p[1] for p in points)]))
+        return FigureInputs(sizes, errors, points=joined)
+    cells = ErrorCells.add([outcome.cells for outcome in outcomes if outcome.cells is not None], extent)
+    return FigureInputs(sizes, errors, extent=extent, cells=cells)
 
 
 def _fresh_staging(output_dir: str, release_id: str) -> Path:
@@ -550,19 +593,17 @@ def _fresh_staging(output_dir: str, release_id: str) -> Path:
     return staging
 
 
-def _gate(spec, record, written, coder, criteria, part_checks):
-    """The release gate on the aggregated tables and the parts' column checks (``validate_aggregated``)."""
+def _gate(spec, record, gates: list[GroupGate], criteria, part_checks):
+    """The release gate from the buckets' group checks and records and the parts' column checks
+    (``validate_aggregated``)."""
     roles = spec.roles.names()
-    weight = weight_column_name([*roles["k_quasi"], *roles["sensitive"]])
-    groups_table, criterion_tables = gate_tables(written, coder, criteria, weight)
     return validate_aggregated(
-        groups_table,
-        criterion_tables,
+        [gate.checks for gate in gates],
+        [gate.sizes.records for gate in gates],
         part_checks,
-        weight_column=weight,
+        weight_column=weight_column_name([*roles["k_quasi"], *roles["sensitive"]]),
         k_quasi=roles["k_quasi"],
         e_quasi=roles["e_quasi"],
-        k=spec.k,
         rows_in=record["rows_in"],
         rows_removed=sum(record["rows_removed"].values()),
         suppression_budget=spec.suppression_budget,

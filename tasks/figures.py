@@ -27,6 +27,7 @@ import numpy as np  # noqa: E402
 from kepsilon import settings
 
 from .errors import SpecError  # noqa: E402
+from .figure_inputs import GRIDSIZE, SCATTER_LIMIT, FigureInputs, SizeCounts  # noqa: E402, F401 (SCATTER_LIMIT: named here too)
 
 REPORTS_ENV = "KEPSILON_REPORTS_DIR"
 DEFAULT_REPORTS_DIR = "reports/private"
@@ -213,31 +214,32 @@ RELEASE_CAPTIONS = {
 }
 
 
-def release_figures(group_sizes: np.ndarray, predicted: np.ndarray, measured: np.ndarray, k: int) -> dict[str, Figure]:
-    """A release's group-size histogram and its per-group predicted-vs-measured error scatter, by name.
+def release_figures(inputs: FigureInputs, k: int) -> dict[str, Figure]:
+    """A release's group-size histogram and its per-group predicted-vs-measured error figure, by name.
 
-    ``group_sizes``: records per published group; ``predicted``, ``measured``: per anonymiser class, the
-    mean expected and measured relative error of its records (:func:`kepsilon.engine.metrics.errors_by_class`).
+    ``inputs``: the published groups' sizes as a frequency of frequencies and the classes' errors (per
+    anonymiser class, the mean expected and measured relative error of its records,
+    :func:`kepsilon.engine.metrics.errors_by_class`), reduced so that their size does not grow with the
+    groups (``tasks/figure_inputs.py``): the Dask engine adds them up over partitions.
     """
     return {
-        "group_sizes": Figure(lambda size: _group_sizes(np.asarray(group_sizes), k, size)),
-        "error_by_group": Figure(lambda size: _error_by_group(np.asarray(predicted), np.asarray(measured), size)),
+        "group_sizes": Figure(lambda size: _group_sizes(inputs.group_sizes, k, size)),
+        "error_by_group": Figure(lambda size: _png(_error_figure(inputs, size), size)),
     }
 
 
-def _group_sizes(sizes: np.ndarray, k: int, size: _Size) -> bytes:
-    """Histogram of the published groups' sizes (log bins), with k marked."""
+def _group_sizes(sizes: SizeCounts, k: int, size: _Size) -> bytes:
+    """Histogram of the published groups' sizes (log bins), with k marked: each distinct size weighted by
+    its number of groups, which is the histogram of every group's size."""
     figure, axes = plt.subplots(figsize=size.figsize(7, 4.5))
-    bins: list[int] | int = np.unique(np.geomspace(max(1, sizes.min()), sizes.max() + 1, 30).astype(int)).tolist() if len(sizes) else 10
-    axes.hist(sizes, bins=bins, color="tab:blue", edgecolor="white")
+    bins: list[int] | int = (
+        np.unique(np.geomspace(max(1, sizes.smallest), sizes.largest + 1, 30).astype(int)).tolist() if sizes.groups else 10
+    )
+    axes.hist(sizes.values, bins=bins, weights=sizes.counts, color="tab:blue", edgecolor="white")
     axes.axvline(k, color="tab:red", linestyle="--", linewidth=1, label=f"k = {k}")
-    axes.set(xscale="log", xlabel="records in the group", ylabel="groups", title=f"{len(sizes)} published groups")
+    axes.set(xscale="log", xlabel="records in the group", ylabel="groups", title=f"{sizes.groups} published groups")
     axes.legend(fontsize=8, loc="upper right")  # a fixed place: "best" searches every bar, slow over many groups
     return _png(figure, size)
-
-
-# Above this many groups a scatter is a blot: the error figure shows how many groups fall in each cell instead.
-SCATTER_LIMIT = 2000
 
 
 def _percent_log_axis(axis, low: float, high: float) -> None:
@@ -255,35 +257,40 @@ def _percent_log_axis(axis, low: float, high: float) -> None:
     axis.set_minor_formatter(NullFormatter())
 
 
-def _error_by_group(predicted: np.ndarray, measured: np.ndarray, size: _Size) -> bytes:
-    return _png(error_by_group_figure(predicted, measured, size), size)
-
-
 def error_by_group_figure(predicted: np.ndarray, measured: np.ndarray, size: _Size):
-    """Per class with noise: measured against predicted relative error (log–log), with the diagonal.
+    """Per class with noise: measured against predicted relative error (log–log), with the diagonal, from every
+    class's errors (:func:`_error_figure` on their reduction)."""
+    return _error_figure(FigureInputs.of_arrays(np.zeros(0, dtype=np.int64), predicted, measured), size)
 
-    Up to ``SCATTER_LIMIT`` groups one point each; above it a log-scaled count of groups per hexagonal cell,
-    so that thousands of groups read as a distribution rather than overprinted points.
+
+def _error_figure(inputs: FigureInputs, size: _Size):
+    """Per class with noise (both errors positive): measured against predicted relative error (log–log).
+
+    Up to ``SCATTER_LIMIT`` classes one point each; above it a log-scaled count of classes per hexagonal cell,
+    so that thousands of classes read as a distribution rather than overprinted points. The cells' counts come
+    with ``inputs`` (``ErrorCells``, added up over partitions); ``hexbin`` draws each non-empty cell from its
+    centre weighted by its count, on the grid (the extent) the counts were made on.
     """
     figure, axes = plt.subplots(figsize=size.figsize(5.5, 5))
-    shown = (predicted > 0) & (measured > 0)
-    groups = int(shown.sum())
-    if groups > SCATTER_LIMIT:
-        cells = axes.hexbin(predicted[shown], measured[shown], xscale="log", yscale="log", gridsize=35,
-                            bins="log", mincnt=1, cmap="Blues", linewidths=0.2)
+    errors = inputs.errors
+    if inputs.points is None:
+        assert inputs.cells is not None and inputs.extent is not None, "FigureInputs holds cells when not points"
+        x, y = inputs.cells.centres(inputs.extent)
+        cells = axes.hexbin(x, y, C=inputs.cells.counts, reduce_C_function=np.sum, xscale="log", yscale="log",
+                            gridsize=GRIDSIZE, extent=inputs.extent, bins="log", mincnt=1, cmap="Blues", linewidths=0.2)
         from matplotlib.ticker import FuncFormatter
 
         figure.colorbar(cells, ax=axes, label="groups in the cell", format=FuncFormatter(lambda value, _: f"{value:g}"))
     else:
-        axes.scatter(predicted[shown], measured[shown], s=8, alpha=0.5)
+        axes.scatter(*inputs.points, s=8, alpha=0.5)
     low, high = 0.01, 1.0
-    if shown.any():
-        low = min(np.min(predicted[shown]), np.min(measured[shown]))
-        high = max(np.max(predicted[shown]), np.max(measured[shown]))
+    if errors.shown:
+        low = min(errors.predicted[0], errors.measured[0])
+        high = max(errors.predicted[1], errors.measured[1])
         axes.plot([low, high], [low, high], color="grey", linestyle="--", linewidth=1, label="measured = predicted")
         axes.legend(fontsize=8, loc="upper left")  # a fixed place: "best" tests every point, slow over many groups
     axes.set(xscale="log", yscale="log", xlabel="predicted relative error", ylabel="measured relative error",
-             title=f"Per group ({groups} groups with noise)")
+             title=f"Per group ({errors.shown} groups with noise)")
     _percent_log_axis(axes.xaxis, low, high)
     _percent_log_axis(axes.yaxis, low, high)
     axes.grid(True, which="both", alpha=0.3)

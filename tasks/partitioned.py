@@ -16,17 +16,24 @@ C. **perturb and suppress** (per class partition): the engine's stage sequence o
    (``kepsilon.engine.stages.noise_and_suppress``: noise keyed by (seed, source position, column),
    confidence suppression), then labels from the published members — then the candidate records go
    to the range of their release-order key (the 64-bit key of ``RecordStreams.order_keys``; its ranges
-   split the published order into equal parts). Reductions back to the flow: per published group its
-   size and sensitive value counts (for diversity suppression, the private figures and the gate), per
-   class its counts and errors, the perturbation and suppression counts.
-D. **publish** (per order-key range): drop the records of groups that fail a declared criterion (the
-   flow decided from the reduction), sort by (order key, source position) — the in-memory path's
-   published order — and write the range as one Parquet file of the dataset (and its CSV records);
-   the gate's column checks run on it (Great Expectations), and its groups are counted again from the
-   rows written, for the gate's group checks.
+   split the published order into equal parts). It counts, per published group, its size and sensitive
+   value counts (``GroupCounts``) and, per class, its counts and errors (``ClassPartition.classes``); the
+   flow's task (``tasks/group_reduction.py``) moves both to the scratch — the groups by bucket of group
+   keys, since a group can span class partitions — so the flow receives the perturbation and suppression
+   counts, the error sums and the error figure's extremes only. Per bucket, the groups are then added up
+   and those failing a declared criterion found (diversity suppression); per class partition, its classes
+   reduced to the outcome figures (``class_outcome``: sizes as a frequency of frequencies, counts).
+D. **publish** (per order-key range): drop the records of groups that fail a declared criterion (their
+   keys read from the scratch), sort by (order key, source position) — the in-memory path's published
+   order — and write the range as one Parquet file of the dataset (and its CSV records); the gate's column
+   checks run on it (Great Expectations), and its groups are counted again from the rows written, then
+   added up per bucket of keys, where the gate's group checks run (Great Expectations, on the worker) and
+   the disclosure figures are taken (``tasks/group_reduction.py``).
 
 Everything between stages goes through the scratch folder (``Scratch``, ``tasks/scratch.py``), never
-through Prefect or the task results: results are counts, a piece holds records. The scratch holds private
+through Prefect or the task results: results are counts whose size does not grow with the records, groups
+or classes, a piece holds records (``combine_outcome``, ``failing_groups`` and ``GroupCounts.add`` over
+all partitions are the whole-table references the tests compare the reductions with). The scratch holds private
 data: it lies outside the output folder, its folders are 0700 and its files 0600, every piece is sealed
 with a key the run holds in memory only, and the flow removes it when the run ends (a killed run's
 leftovers are unreadable, and the next release of any id removes them). Task results hold no data value
@@ -74,6 +81,7 @@ from .certificate_dask import (
 )
 from .classify import NEAR_UNIQUE_MIN_ROWS, NEAR_UNIQUE_RATIO, Findings, classify_findings, refuse_findings
 from .errors import InputError, KepsilonError, SpecError
+from .figure_inputs import ErrorCells, ErrorExtremes, Extent, FigureInputs, SizeCounts, shown_errors
 from .ingest import refuse_short_records
 from .publish import csv_records, parquet_bytes
 from .scratch import Scratch
@@ -416,6 +424,9 @@ class ClassPartition:
     classes: pd.DataFrame  # per class: class, key (-1: none published), published, linked:<col>..., predicted, measured
     errors: dict  # per ε-quasi: sums and counts of the relative errors over perturbed records
     meta: pd.DataFrame | None = field(default=None, repr=False)  # the published columns' types (no row)
+    # The error figure's frame: its classes shown and their errors' extremes (``tasks/group_reduction.py``
+    # sets it when it moves ``groups`` and ``classes`` to the scratch).
+    error_extremes: ErrorExtremes | None = None
 
 
 def order_ranges(keys: np.ndarray, parts: int) -> np.ndarray:
@@ -785,20 +796,6 @@ def predict_task(index: int, pieces: int, scratch: Scratch, spec: ReleaseSpec, d
     return _partition_task(predict_partition)(index, pieces, scratch, spec, draws, seed)
 
 
-@task(name="perturb-suppress", cache_policy=NO_CACHE, persist_result=False, **PARTITION_RETRIES)
-def perturb_task(index: int, pieces: int, scratch: Scratch, spec: ReleaseSpec, streams: RecordStreams, hierarchies: dict,
-                 levels: dict | None, coder: GroupCoder, parts: int) -> ClassPartition:
-    """Prefect task: stage C on one class partition (its noise keyed by the release's streams)."""
-    return _partition_task(perturb_and_suppress)(index, pieces, scratch, spec, streams, hierarchies, levels, coder, parts)
-
-
-@task(name="publish-part", cache_policy=NO_CACHE, persist_result=False, **PARTITION_RETRIES)
-def publish_task(index: int, pieces: int, scratch: Scratch, staging: str, failing, spec: ReleaseSpec, meta,
-                 write_csv: bool, sensitive_columns: int) -> PublishedPart:
-    """Prefect task: stage D on one order-key range."""
-    return _partition_task(publish_part)(index, pieces, scratch, staging, failing, spec, meta, write_csv, sensitive_columns)
-
-
 @task(name="write-csv", cache_policy=NO_CACHE, persist_result=False, **PARTITION_RETRIES)
 def join_csv_task(staging: str, scratch: Scratch, header: bytes, parts: int) -> str:
     """Prefect task: join the parts' records into data.csv."""
@@ -815,24 +812,56 @@ class Outcome:
 
     metrics: ReleaseMetrics
     groups: GroupCounts
-    figure_inputs: dict
+    figure_inputs: FigureInputs
 
 
-def combine_outcome(
-    results: list[ClassPartition], failing: np.ndarray, groups: GroupCounts, anonymiser: dict, spec: ReleaseSpec,
-    criteria: list,
-) -> Outcome:
-    """Add the class partitions up into ``release_metrics``' figures, with the failing groups removed.
+@dataclass
+class ClassOutcome:
+    """One class partition's part of the outcome figures, once the failing groups are known: a size that
+    does not grow with its classes (``tasks/group_reduction.py`` adds the parts up in the flow)."""
+
+    sizes: SizeCounts  # published records per class, a frequency of frequencies (classes with none left out)
+    diversity_suppressed: int  # published records of classes in failing groups
+    linked: dict[str, int]  # per ε-quasi: published records linked, outside failing groups
+    points: tuple[np.ndarray, np.ndarray] | None = None  # the error figure's points (at most SCATTER_LIMIT in all)
+    cells: ErrorCells | None = None  # or its counts per hexagon
+
+
+def class_outcome(classes: pd.DataFrame, failing: np.ndarray, spec: ReleaseSpec, extent: Extent | None = None) -> ClassOutcome:
+    """A class table's part of ``combine_outcome``'s figures (``ClassPartition.classes``: per class its
+    group's key, published records, linked records, errors), the groups ``failing`` a declared criterion
+    removed; the error figure's points, or with ``extent`` its counts per hexagon over that extent."""
+    columns = [q.column for q in spec.roles.e_quasi]
+    if not len(classes):
+        empty = np.zeros(0)
+        cells = ErrorCells.of(empty, empty, extent) if extent is not None else None
+        return ClassOutcome(SizeCounts.of(np.zeros(0, np.int64)), 0, {c: 0 for c in columns},
+                            None if extent is not None else (empty, empty), cells)
+    keys = classes["key"].to_numpy(dtype=np.int64)
+    in_failing = np.isin(keys, failing) & (keys >= 0)
+    records = classes["published"].to_numpy(dtype=np.int64)
+    published = np.where(in_failing, 0, records)
+    linked = {c: int(classes[f"linked:{c}"].to_numpy()[~in_failing].sum()) for c in columns}
+    predicted = classes["predicted"].to_numpy(dtype=np.float64)
+    measured = classes["measured"].to_numpy(dtype=np.float64)
+    if extent is None:
+        return ClassOutcome(SizeCounts.of(published[published > 0]), int(records[in_failing].sum()), linked,
+                            points=shown_errors(predicted, measured))
+    return ClassOutcome(SizeCounts.of(published[published > 0]), int(records[in_failing].sum()), linked,
+                        cells=ErrorCells.of(predicted, measured, extent))
+
+
+def outcome_metrics(results: list[ClassPartition], parts: list[ClassOutcome], anonymiser: dict, spec: ReleaseSpec,
+                    criteria: list) -> ReleaseMetrics:
+    """``release_metrics``' figures from the class partitions' counts and error sums (``results``) and their
+    parts once the failing groups are known (``parts``, any order).
 
     Counts are exact. The mean errors are sums over partitions divided by counts, so they may differ from
     the in-memory path's in the last bits (the order of a floating-point sum); the linking risk, a ratio
     of counts, does not.
     """
-    tables = [r.classes for r in results if len(r.classes)]
-    classes = pd.concat(tables, ignore_index=True).sort_values("class", kind="stable") if tables else pd.DataFrame(
-        {"class": [], "key": [], "published": []})
-    in_failing = classes["key"].isin(failing).to_numpy() & (classes["key"].to_numpy() >= 0)
-    published = np.where(in_failing, 0, classes["published"].to_numpy(dtype=np.int64))
+    from kepsilon.engine.metrics import class_statistics_from_size_counts, metrics_summary
+
     suppression = add_reports([r.suppression for r in results])
     rows_removed = {
         "anonymiser_suppression": int(anonymiser["rows"] - anonymiser["kept_rows"]),
@@ -840,31 +869,41 @@ def combine_outcome(
         "confidence_suppression_class_rule": int(suppression.get("removed_by_class_rule", 0)),
     }
     if declared(criteria):
-        rows_removed["diversity_suppression"] = int(classes["published"].to_numpy()[in_failing].sum())
+        rows_removed["diversity_suppression"] = sum(part.diversity_suppressed for part in parts)
+    sizes = SizeCounts.add([part.sizes for part in parts])
+    published = sizes.records
     per_column = {}
     for quasi in spec.roles.e_quasi:
         column = quasi.column
         sums = [r.errors[column] for r in results if r.errors]
         nonzero = sum(s["nonzero"] for s in sums)
-        linked = int(classes[f"linked:{column}"].to_numpy()[~in_failing].sum()) if len(classes) else 0
+        linked = sum(part.linked[column] for part in parts)
         per_column[column] = {
             "measured_relative_error": sum(s["measured"] for s in sums) / nonzero if nonzero else 0.0,
             "predicted_relative_error": sum(s["predicted"] for s in sums) / nonzero if nonzero else 0.0,
-            "linking_risk": linked / int(published.sum()) if published.sum() else 0.0,
+            "linking_risk": linked / published if published else 0.0,
             "zero_values_excluded": sum(s["zero"] for s in sums),
         }
-    from kepsilon.engine.metrics import class_statistics_from_sizes, metrics_summary
-
-    classes_report = class_statistics_from_sizes(published, sum(rows_removed.values()))
+    classes_report = class_statistics_from_size_counts(sizes.values, sizes.counts, sum(rows_removed.values()))
     # The engine builds them in the record's shape (``ReleaseMetrics``); it does not import the record's types.
-    metrics = cast(ReleaseMetrics, metrics_summary(rows_removed, int(published.sum()), per_column, anonymiser.get("precision"),
-                                                   classes_report))
+    return cast(ReleaseMetrics, metrics_summary(rows_removed, published, per_column, anonymiser.get("precision"),
+                                                classes_report))
+
+
+def combine_outcome(
+    results: list[ClassPartition], failing: np.ndarray, groups: GroupCounts, anonymiser: dict, spec: ReleaseSpec,
+    criteria: list,
+) -> Outcome:
+    """Add the class partitions up into ``release_metrics``' figures, with the failing groups removed, from
+    their whole results (the reference the flow's reduction, ``tasks/group_reduction.py``, equals: the same
+    ``class_outcome`` and ``outcome_metrics``, with every group and class in this process)."""
+    tables = [r.classes for r in results if len(r.classes)]
+    metrics = outcome_metrics(results, [class_outcome(table, failing, spec) for table in tables], anonymiser, spec, criteria)
     final = groups.without(failing)
-    figure_inputs = {
-        "group_sizes": final.sizes,
-        "predicted": classes["predicted"].to_numpy(dtype=np.float64) if len(classes) else np.zeros(0),
-        "measured": classes["measured"].to_numpy(dtype=np.float64) if len(classes) else np.zeros(0),
-    }
+    classes = pd.concat(tables, ignore_index=True).sort_values("class", kind="stable") if tables else pd.DataFrame(
+        {"predicted": [], "measured": []})
+    figure_inputs = FigureInputs.of_arrays(final.sizes, classes["predicted"].to_numpy(dtype=np.float64),
+                                           classes["measured"].to_numpy(dtype=np.float64))
     return Outcome(metrics, final, figure_inputs)
 
 

@@ -423,12 +423,13 @@ def _with_plain_checks(checks, rows_in, rows_removed, suppression_budget, linkin
 #
 # * per published part (on the worker that wrote it): the column checks — no explicit identifier,
 #   ε-quasis numeric and finite, k-quasis present (``validate_part``);
-# * on the published groups' table, one row per group (its labels and its record count, counted again
-#   from the parts as written): k-anonymity and prosecutor risk with the group expectations weighted by
-#   the count, and the row accounting as the sum of the counts (``ExpectColumnSumToBeBetween``);
-# * per declared criterion, on a table of (group labels, sensitive value, records): ℓ-diversity or
-#   t-closeness, weighted by the count;
-# * suppression and linking risk as in the in-memory gate (plain arithmetic).
+# * per bucket of published groups (on the worker that added the bucket up from the parts as written;
+#   a group lies in one bucket), on a table of one row per group (its labels and its record count):
+#   k-anonymity and prosecutor risk with the group expectations weighted by the count, and per declared
+#   criterion, on a table of (group labels, sensitive value, records), ℓ-diversity or t-closeness, weighted
+#   by the count (``validate_groups``); a check passes when it passes in every bucket;
+# * in the flow, the row accounting as the sum of the buckets' counts (``ExpectColumnSumToBeBetween`` on a
+#   table of one row per bucket), suppression and linking risk as in the in-memory gate (plain arithmetic).
 #
 # ``validate_aggregated`` puts the outcomes together under the in-memory gate's names and in its order.
 
@@ -453,15 +454,47 @@ def weight_column_name(columns: list[str]) -> str:
     return name
 
 
-def validate_aggregated(
+def validate_groups(
     groups: pd.DataFrame,
     criterion_tables: dict[str, pd.DataFrame],
+    *,
+    weight_column: str,
+    k_quasi: list[str],
+    k: int,
+    criteria: list | None = None,
+    max_prosecutor_risk: float | None = None,
+) -> dict[str, bool]:
+    """The gate's group expectations, by Great Expectations, on one set of published groups: check name ->
+    passed (names and booleans only).
+
+    ``groups``: one row per published group, its k-quasi labels and its records (``weight_column``);
+    ``criterion_tables``: per declared criterion's column, (labels, value, records) rows. A partitioned
+    release runs this on each bucket of groups, on the worker that added the bucket up (every group lies in
+    exactly one bucket), and :func:`validate_aggregated` combines the buckets: each of these checks holds for
+    every group, so it holds for all groups exactly when it holds in every bucket.
+    """
+    group_pairs: list[tuple[str, Any]] = [
+        (K_ANONYMOUS_GROUPS, ExpectColumnGroupsToHaveAtLeastKRows(group_columns=list(k_quasi), k=int(k), weight_column=weight_column)),
+    ]
+    if max_prosecutor_risk is not None:
+        group_pairs.append((PROSECUTOR_RISK_WITHIN_LIMIT, ExpectGroupsProsecutorRiskAtMost(
+            group_columns=list(k_quasi), max_risk=float(max_prosecutor_risk), weight_column=weight_column)))
+    for name, expectation in group_pairs:
+        expectation.meta = {_CHECK_META_KEY: name}
+    outcomes = _run_suite(groups, group_pairs)
+    for name, expectation in _disclosure_expectations(k_quasi, criteria or [], None, weight_column):
+        outcomes.update(_run_suite(criterion_tables[expectation.column], [(name, expectation)]))
+    return outcomes
+
+
+def validate_aggregated(
+    group_checks: list[dict[str, bool]],
+    records_written: list[int],
     part_checks: list[dict[str, bool]],
     *,
     weight_column: str,
     k_quasi: list[str],
     e_quasi: list[str],
-    k: int,
     rows_in: int,
     rows_removed: int,
     suppression_budget: float,
@@ -473,30 +506,26 @@ def validate_aggregated(
 ) -> ValidationReport:
     """The release gate of a partitioned release, with the in-memory gate's checks, names and order.
 
-    ``groups``: one row per published group, its k-quasi labels and its records (``weight_column``);
-    ``criterion_tables``: per declared criterion's column, (labels, value, records) rows; ``part_checks``:
-    ``validate_part`` of every published part (a check passes when it passed on every part). Fails closed
-    like :func:`validate_release`.
+    ``group_checks``: :func:`validate_groups` of every bucket of published groups (a group check passes when
+    it passed on every bucket; no bucket, no pass); ``records_written``: every bucket's records (the row
+    accounting is their sum, checked by Great Expectations on that small table: one row per bucket);
+    ``part_checks``: ``validate_part`` of every published part (a check passes when it passed on every
+    part). Fails closed like :func:`validate_release`.
     """
     rows_published = rows_in - rows_removed
-    group_pairs = [
-        (K_ANONYMOUS_GROUPS, ExpectColumnGroupsToHaveAtLeastKRows(group_columns=list(k_quasi), k=int(k), weight_column=weight_column)),
-        (PUBLISHED_ROWS_MATCH_ACCOUNTING, gx.expectations.ExpectColumnSumToBeBetween(
-            column=weight_column, min_value=int(rows_published), max_value=int(rows_published))),
-    ]
-    if max_prosecutor_risk is not None:
-        group_pairs.append((PROSECUTOR_RISK_WITHIN_LIMIT, ExpectGroupsProsecutorRiskAtMost(
-            group_columns=list(k_quasi), max_risk=float(max_prosecutor_risk), weight_column=weight_column)))
-    for name, expectation in group_pairs:
-        expectation.meta = {_CHECK_META_KEY: name}
-    outcomes = _run_suite(groups, group_pairs)
-    for name, expectation in _disclosure_expectations(k_quasi, criteria or [], None, weight_column):
-        outcomes.update(_run_suite(criterion_tables[expectation.column], [(name, expectation)]))
+    accounting = gx.expectations.ExpectColumnSumToBeBetween(
+        column=weight_column, min_value=int(rows_published), max_value=int(rows_published))
+    accounting.meta = {_CHECK_META_KEY: PUBLISHED_ROWS_MATCH_ACCOUNTING}
+    written = pd.DataFrame({weight_column: np.asarray(records_written, dtype=np.int64)})
+    outcomes = _run_suite(written, [(PUBLISHED_ROWS_MATCH_ACCOUNTING, accounting)])
+    names = [K_ANONYMOUS_GROUPS] + [name for name, _ in _disclosure_expectations(k_quasi, criteria or [], max_prosecutor_risk)]
+    for name in names:
+        outcomes[name] = bool(group_checks) and all(checks.get(name, False) for checks in group_checks)
     part_names = [name for name, _ in _build_expectations(k_quasi, e_quasi, [], 1, 0) if name.split(":", 1)[0] in _PART_CHECKS]
     for name in part_names:
         outcomes[name] = bool(part_checks) and all(checks.get(name, False) for checks in part_checks)
     ordered = [K_ANONYMOUS_GROUPS, *part_names, PUBLISHED_ROWS_MATCH_ACCOUNTING]
-    ordered += [name for name in outcomes if name.split(":", 1)[0] in (L_DIVERSITY, T_CLOSENESS)]
+    ordered += [name for name in names if name.split(":", 1)[0] in (L_DIVERSITY, T_CLOSENESS)]
     if max_prosecutor_risk is not None:
         ordered.append(PROSECUTOR_RISK_WITHIN_LIMIT)
     checks = [{"name": name, "success": bool(outcomes.get(name, False))} for name in ordered]

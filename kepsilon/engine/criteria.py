@@ -434,6 +434,37 @@ def disclosure_figures(sizes: np.ndarray, counts: list[np.ndarray], criteria: li
     }
 
 
+def add_disclosure_figures(parts: list[dict]) -> dict:
+    """:func:`disclosure_figures` of the union of disjoint sets of groups, from each set's figures: smallest
+    ℓ and largest EMD and risk over the parts, counts summed (every figure is a minimum, a maximum or a
+    count over groups, so the sum over parts is exact). ``parts``: at least one, same criteria in each."""
+    per_column = {}
+    for column, first in parts[0]["per_column"].items():
+        figures = [part["per_column"][column] for part in parts]
+        per_column[column] = {
+            "l_distinct_min": _extreme(min, [f["l_distinct_min"] for f in figures]),
+            "l_entropy_min": _extreme(min, [f["l_entropy_min"] for f in figures]),
+            "t_max": _extreme(max, [f["t_max"] for f in figures]),
+            "homogeneous_groups": sum(f["homogeneous_groups"] for f in figures),
+            "groups_failing": sum(f["groups_failing"] for f in figures),
+            "distance": first["distance"],
+        }
+    figures = [f for f in per_column.values() if f["l_distinct_min"] is not None]
+    return {
+        "l_diversity_min": min((f["l_distinct_min"] for f in figures), default=None),
+        "t_closeness_max": max((f["t_max"] for f in figures), default=None),
+        "homogeneous_groups": sum(part["homogeneous_groups"] for part in parts),
+        "prosecutor_risk": _extreme(max, [part["prosecutor_risk"] for part in parts]),
+        "per_column": per_column,
+    }
+
+
+def _extreme(pick, values: list):
+    """``pick`` (min or max) of the values that are not None; None if all are (no group in any part)."""
+    present = [value for value in values if value is not None]
+    return pick(present) if present else None
+
+
 
 def failing_group_rows(labels: pd.DataFrame, sensitive: pd.DataFrame, published: np.ndarray,
                        criteria: list[ColumnCriteria]) -> np.ndarray:

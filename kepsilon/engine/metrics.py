@@ -151,23 +151,32 @@ def class_statistics(class_ids, n_suppressed: int) -> dict[str, Any]:
 
 
 def class_statistics_from_sizes(sizes, n_suppressed: int) -> dict[str, Any]:
-    """:func:`class_statistics` from the kept records per class (classes of size 0 left out), which a
-    partitioned release adds up partition by partition."""
+    """:func:`class_statistics` from the kept records per class (classes of size 0 left out)."""
     sizes = np.asarray(sizes, dtype=np.int64)
-    sizes = sizes[sizes > 0]
-    n_classes = len(sizes)
-    n_kept = int(sizes.sum())
+    values, counts = np.unique(sizes[sizes > 0], return_counts=True)
+    return class_statistics_from_size_counts(values, counts, n_suppressed)
+
+
+def class_statistics_from_size_counts(values, counts, n_suppressed: int) -> dict[str, Any]:
+    """:func:`class_statistics` from a frequency of frequencies of the kept records per class: ``counts[i]``
+    classes of ``values[i]`` records (values > 0, increasing), which a partitioned release adds up over its
+    partitions without gathering a row per class. Exactly the figures of the classes' sizes themselves: the
+    sums are integers, and the mean is their quotient (what ``numpy.mean`` of integer sizes gives)."""
+    values = [int(v) for v in np.asarray(values, dtype=np.int64)]
+    counts = [int(c) for c in np.asarray(counts, dtype=np.int64)]
+    n_classes = sum(counts)
+    n_kept = sum(v * c for v, c in zip(values, counts))
     n_total = n_kept + int(n_suppressed)
     return {
         "n_classes": int(n_classes),
         "records_kept": n_kept,
         "records_suppressed": int(n_suppressed),
-        "smallest_class": int(sizes.min()) if n_classes else 0,
-        "largest_class": int(sizes.max()) if n_classes else 0,
-        "mean_class_size": float(sizes.mean()) if n_classes else 0.0,
-        "discernibility": int((sizes**2).sum()) + int(n_suppressed) * n_total,
+        "smallest_class": min(values) if n_classes else 0,
+        "largest_class": max(values) if n_classes else 0,
+        "mean_class_size": float(n_kept / n_classes) if n_classes else 0.0,
+        "discernibility": sum(v * v * c for v, c in zip(values, counts)) + int(n_suppressed) * n_total,
         "prosecutor_risk_mean": float(n_classes / n_kept) if n_kept else 0.0,
-        "prosecutor_risk_max": float(1.0 / sizes.min()) if n_classes else 0.0,
+        "prosecutor_risk_max": float(1.0 / min(values)) if n_classes else 0.0,
     }
 
 

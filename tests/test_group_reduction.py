@@ -1,0 +1,254 @@
+"""The partitioned release's group checks and figures by reduction (``tasks/group_reduction.py``) give the
+whole-table answers, and what they hand the flow's process does not grow with the groups.
+
+The stages run in this process (no Prefect, no Dask), over the bundled sample: the groups of the class
+partitions and of the published parts are shuffled by bucket of group keys through the scratch, as the flow
+does, and the reductions are compared with the whole-table functions (``combine_outcome``, ``failing_groups``,
+``disclosure_figures``, ``groups_from_sizes``) and the gate with the in-memory gate (``validate_release``) on
+the published table — including a group that fails, which must be caught in whichever bucket it lies.
+"""
+
+import pickle
+from dataclasses import fields, is_dataclass
+from pathlib import Path
+
+import numpy as np
+import pandas as pd
+import pyarrow.parquet as pq
+import pytest
+
+from kepsilon.engine.criteria import disclosure_figures
+from kepsilon.engine.randomness import RecordStreams
+from kepsilon.flows.manifest import groups_from_size_counts, groups_from_sizes
+from kepsilon.flows.spec import ReleaseSpec
+from kepsilon.tasks.figure_inputs import SCATTER_LIMIT, ErrorCells, ErrorExtremes, SizeCounts
+from kepsilon.tasks.group_reduction import (
+    check_groups,
+    class_figures,
+    gate_groups,
+    gather_written,
+    group_buckets,
+    perturb_and_hand_over,
+    publish_and_hand_over,
+    split_groups,
+)
+from kepsilon.tasks.partitioned import (
+    DATASET,
+    GroupCoder,
+    GroupCounts,
+    Scratch,
+    combine_intakes,
+    combine_outcome,
+    distinct_count,
+    distribute,
+    failing_groups,
+    intake,
+    outcome_metrics,
+    perturb_and_suppress,
+    publish_part,
+)
+from kepsilon.tasks.sources import plan_source
+from kepsilon.tasks.validate import validate_aggregated, validate_groups, validate_release, weight_column_name
+
+from .conftest import SYNTHETIC, release_spec_dict
+from .test_dask_release import anonymise_in_shards
+
+SEED = bytes(range(32))
+SAMPLE = {"path": str(SYNTHETIC / "people.csv"), "delimiter": ";"}
+DIVERSE = [{"column": "RELIGION", "l_diversity": {"l": 2}}, {"column": "ICD", "t_closeness": {"t": 0.6}}]
+
+
+def make_spec(tmp_path: Path, zip_code: bool = False, **changes) -> ReleaseSpec:
+    """The sample's spec; with ``zip_code``, a 5-digit ZIP among the k-quasis (a group for nearly every few records)."""
+    sensitive = changes.pop("sensitive", None)
+    data = release_spec_dict("paper-synthetic", release_id="reduce-test", population_id="test-population", source=SAMPLE,
+                             output_dir=str(tmp_path / "out"), **changes)
+    if sensitive is not None:
+        data["roles"]["sensitive"] = sensitive
+    if zip_code:
+        data["roles"]["k_quasi"].insert(0, {"column": "ZIP", "hierarchy": {"kind": "masking", "length": 5}})
+        data["roles"]["explicit"].remove("ZIP")
+    return ReleaseSpec.model_validate(data)
+
+
+def prepared(spec: ReleaseSpec, partitions: int, folder: Path):
+    """Stages A and B and the anonymiser, in this process: the scratch ready for stage C."""
+    folder.mkdir(parents=True, exist_ok=True)
+    root = Scratch.new(folder / "scratch")
+    plan = plan_source(spec.source, partitions)
+    pieces = len(plan.pieces)
+    table = combine_intakes([intake(plan, piece, spec, root) for piece in plan.pieces], spec,
+                            lambda number: distinct_count(root, number, pieces))
+    anonymised, classes = anonymise_in_shards(spec, plan, table, root)
+    for piece, offset in zip(plan.pieces, table.offsets):
+        distribute(piece.index, offset, root, [q.column for q in spec.roles.k_quasi], pieces)
+    coder = GroupCoder.build(spec, anonymised.hierarchies, anonymised.criteria)
+    return root, pieces, table, anonymised, classes, coder
+
+
+def reduced(spec: ReleaseSpec, partitions: int, folder: Path):
+    """The flow's order of ``_spend_check_stage`` with the stage functions of ``group_reduction``: what the
+    flow's process receives, and the published table."""
+    root, pieces, table, anonymised, classes, coder = prepared(spec, partitions, folder)
+    criteria = anonymised.criteria
+    parts = [perturb_and_hand_over(j, pieces, root, spec, RecordStreams(SEED), anonymised.hierarchies, classes.levels,
+                                   coder, pieces) for j in range(pieces)]
+    checked = [check_groups(root, bucket, pieces, criteria) for bucket in range(pieces)]
+    errors = ErrorExtremes.add([part.error_extremes for part in parts if part.error_extremes is not None])
+    extent = None if errors.as_points else errors.extent()
+    outcomes = [class_figures(root, j, pieces, spec, extent) for j in range(pieces)]
+    meta = next(part.meta for part in parts if part.meta is not None)
+    staging = folder / "staging"
+    (staging / DATASET).mkdir(parents=True)
+    published = [publish_and_hand_over(q, pieces, root, str(staging), spec, meta, False, len(coder.sensitive), pieces)
+                 for q in range(pieces)]
+    gates = [gate_groups(root, bucket, pieces, spec, coder, criteria) for bucket in range(pieces)]
+    gather_written(root, pieces)
+    received = {"perturb-suppress": parts, "check-groups": checked, "class-figures": outcomes, "publish-part": published,
+                "gate-groups": gates}
+    return received, errors, extent, classes, criteria, pq.read_table(staging / DATASET).to_pandas(), root
+
+
+def whole(spec: ReleaseSpec, partitions: int, folder: Path):
+    """The same stages with every group and class gathered in this process (the reference)."""
+    root, pieces, table, anonymised, classes, coder = prepared(spec, partitions, folder)
+    criteria = anonymised.criteria
+    parts = [perturb_and_suppress(j, pieces, root, spec, RecordStreams(SEED), anonymised.hierarchies, classes.levels,
+                                  coder, pieces) for j in range(pieces)]
+    groups = GroupCounts.add([part.groups for part in parts])
+    failing = failing_groups(groups, criteria)
+    outcome = combine_outcome(parts, failing, groups, classes.report, spec, criteria)
+    meta = next(part.meta for part in parts if part.meta is not None)
+    staging = folder / "staging"
+    (staging / DATASET).mkdir(parents=True)
+    written = GroupCounts.add([publish_part(q, pieces, root, str(staging), failing, spec, meta, False, len(coder.sensitive)).groups
+                               for q in range(pieces)])
+    return outcome, written, criteria, coder
+
+
+def _largest_table(value) -> int:
+    """The longest array, frame, list or series anywhere inside ``value`` (dataclasses, dicts, tuples walked)."""
+    if isinstance(value, (np.ndarray, pd.DataFrame, pd.Series, pd.Index)):
+        return len(value)
+    if is_dataclass(value) and not isinstance(value, type):
+        return max((_largest_table(getattr(value, f.name)) for f in fields(value)), default=0)
+    if isinstance(value, dict):
+        return max((_largest_table(v) for v in value.values()), default=0)
+    if isinstance(value, (list, tuple)):
+        return max([len(value), *(_largest_table(v) for v in value)])
+    return 0
+
+
+@pytest.mark.parametrize("partitions, changes", [
+    (1, {}),
+    (3, {"sensitive": DIVERSE}),
+    (4, {"sensitive": DIVERSE, "algorithm": "ola"}),
+    (5, {"k": 3, "sensitive": [{"column": "RELIGION", "l_diversity": {"l": 3}}, "ICD"]}),
+])
+def test_the_reductions_record_what_the_whole_tables_give(tmp_path, partitions, changes):
+    """Metrics, groups, disclosure figures, the figures' inputs and the certificate's written groups: identical."""
+    spec = make_spec(tmp_path, **changes)
+    received, errors, extent, classes, criteria, _, root = reduced(spec, partitions, tmp_path / "reduced")
+    outcome, written, _, _ = whole(spec, partitions, tmp_path / "whole")
+
+    metrics = outcome_metrics(received["perturb-suppress"], received["class-figures"], classes.report, spec, criteria)
+    assert metrics == outcome.metrics
+    sizes = SizeCounts.add([gate.sizes for gate in received["gate-groups"]])
+    assert groups_from_size_counts(sizes.values, sizes.counts, 32_000) == groups_from_sizes(written.sizes, 32_000)
+    from kepsilon.engine.criteria import add_disclosure_figures
+
+    assert add_disclosure_figures([gate.disclosure for gate in received["gate-groups"]]) == disclosure_figures(
+        written.sizes, written.matrices(criteria), criteria)
+    from kepsilon.tasks.certificate_dask import WRITTEN_GROUPS
+
+    gathered = root.read(WRITTEN_GROUPS)
+    assert np.array_equal(gathered.keys, written.keys) and np.array_equal(gathered.sizes, written.sizes)
+    for mine, theirs in zip(gathered.values, written.values):
+        pd.testing.assert_frame_equal(mine, theirs)
+
+    final = SizeCounts.add([check.sizes for check in received["check-groups"]])
+    expected = outcome.figure_inputs
+    assert np.array_equal(final.values, expected.group_sizes.values) and np.array_equal(final.counts, expected.group_sizes.counts)
+    assert errors == expected.errors and extent == expected.extent
+    if extent is None:
+        for axis in (0, 1):
+            assert np.array_equal(np.concatenate([o.points[axis] for o in received["class-figures"]]), expected.points[axis])
+    else:
+        cells = ErrorCells.add([o.cells for o in received["class-figures"]], extent)
+        assert np.array_equal(cells.cells, expected.cells.cells) and np.array_equal(cells.counts, expected.cells.counts)
+
+
+def test_what_reaches_the_flow_does_not_grow_with_the_groups(tmp_path):
+    """Two populations of very different group counts (the same records with a 5-digit ZIP and k = 3, and
+    without it and k = 40): no result the flow's process receives holds a table of groups or classes, and the
+    results pickle to about the same size."""
+    sizes, groups = {}, {}
+    for k in (3, 40):
+        spec = make_spec(tmp_path / f"k{k}", zip_code=k == 3, k=k, max_linking_risk=1.0, sensitive=DIVERSE)
+        received, *_ = reduced(spec, 3, tmp_path / f"k{k}")
+        groups[k] = sum(gate.sizes.groups for gate in received["gate-groups"])
+        for stage, results in received.items():
+            # Frequency-of-frequencies arrays (distinct sizes) and check names; the error figure's points (at most
+            # SCATTER_LIMIT over all partitions) or non-empty hexagons (at most the grid's 1,456 cells).
+            bound = SCATTER_LIMIT if stage == "class-figures" else 200
+            assert max(_largest_table(result) for result in results) <= bound, (k, stage)
+        sizes[k] = {stage: max(len(pickle.dumps(r)) for r in results) for stage, results in received.items()}
+    assert groups[3] > 8 * groups[40]
+    for stage in sizes[3]:
+        if stage == "class-figures":  # points for few classes, cells for many: bounded either way
+            assert max(sizes[3][stage], sizes[40][stage]) < 40_000, sizes
+        else:
+            assert sizes[3][stage] < 1.5 * sizes[40][stage] + 4_000, (stage, sizes)
+
+
+def _published_with(frame: pd.DataFrame, coder: GroupCoder, key: int, change) -> pd.DataFrame:
+    """The published table with the rows of group ``key`` changed by ``change`` (a frame -> frame)."""
+    mine = coder.keys(frame[list(coder.columns)]) == key
+    return pd.concat([frame[~mine], change(frame[mine])], ignore_index=True)
+
+
+@pytest.mark.parametrize("broken", ["none", "small group", "one religion"])
+def test_the_gate_by_bucket_is_the_whole_table_gate(tmp_path, broken):
+    """The gate's checks (names, order, outcomes) from per-bucket Great Expectations runs equal the in-memory
+    gate's on the published table, for 1, 2, 3 and 5 buckets (and an empty one) — also when one group, lying in a bucket other
+    than the first, is too small or not ℓ-diverse."""
+    spec = make_spec(tmp_path, sensitive=DIVERSE, max_prosecutor_risk=0.5)
+    received, _, _, _, criteria, published, _ = reduced(spec, 2, tmp_path / "run")
+    _, _, _, coder = whole(spec, 2, tmp_path / "whole")
+    keys = coder.keys(published[list(coder.columns)])
+    # A group in bucket 2 of 3 and in bucket 3 of 5, none of them the first.
+    candidates = [key for key in np.unique(keys) if group_buckets(np.array([key]), 3)[0] == 2
+                  and group_buckets(np.array([key]), 5)[0] == 3 and (keys == key).sum() >= 4]
+    key = candidates[0]
+    if broken == "small group":
+        published = _published_with(published, coder, key, lambda rows: rows.iloc[: spec.k - 1])
+    elif broken == "one religion":
+        published = _published_with(published, coder, key, lambda rows: rows.assign(RELIGION=rows["RELIGION"].iloc[0]))
+    roles = spec.roles.names()
+    rows_in = len(published) + 100
+    settings = dict(rows_in=rows_in, rows_removed=100, suppression_budget=spec.suppression_budget, criteria=criteria,
+                    linking_risk=0.01, max_linking_risk=spec.max_linking_risk, max_prosecutor_risk=spec.max_prosecutor_risk)
+    expected = validate_release(published, k_quasi=roles["k_quasi"], e_quasi=roles["e_quasi"], explicit=roles["explicit"],
+                                k=spec.k, **settings)
+    assert expected.success == (broken == "none")
+
+    from kepsilon.tasks.partitioned import gate_tables
+
+    codes = [coder.value_codes(n, published[column]) for n, column in enumerate(coder.sensitive)]
+    groups = GroupCounts.count(keys if broken == "none" else coder.keys(published[list(coder.columns)]), codes)
+    weight = weight_column_name([*roles["k_quasi"], *roles["sensitive"]])
+    part_checks = [part.checks for part in received["publish-part"]]
+    for buckets in (1, 2, 3, 5):
+        checks, records = [], []
+        # With more buckets than groups some are empty: one more, empty, must pass vacuously.
+        extra = [GroupCounts.empty(len(coder.sensitive))] if buckets == 5 else []
+        for bucket in [*split_groups(groups, buckets), *extra]:
+            table, per_criterion = gate_tables(bucket, coder, criteria, weight)
+            checks.append(validate_groups(table, per_criterion, weight_column=weight, k_quasi=roles["k_quasi"], k=spec.k,
+                                          criteria=[c for c in criteria if c.declared],
+                                          max_prosecutor_risk=spec.max_prosecutor_risk))
+            records.append(int(bucket.sizes.sum()))
+        report = validate_aggregated(checks, records, part_checks, weight_column=weight, k_quasi=roles["k_quasi"],
+                                     e_quasi=roles["e_quasi"], **{**settings, "criteria": [c for c in criteria if c.declared]})
+        assert report.checks == expected.checks, buckets
+        assert report.success == expected.success
