@@ -233,26 +233,66 @@ def _listening(pids: list[int]) -> list[tuple[str, int]]:
     return found
 
 
-def test_the_local_cluster_admits_only_the_runs_credentials(closed_cluster):
+# Another account's client, in a process of its own: it connects with ``security`` ("none", "its own" CA, or the
+# default) and submits work that leaves a mark on disk; prints one line, the refusal's type and text, or "ran".
+INTRUDER = textwrap.dedent("""
+    import sys
+    from pathlib import Path
     from distributed import Client, Security
+
+    address, security, mark = sys.argv[1:4]
+
+    def leave_a_mark(path):
+        Path(path).write_text("ran")
+
+    extra = {"security": Security.temporary()} if security == "its own" else {}
+    try:
+        with Client(address, timeout=5, **extra) as intruder:
+            intruder.submit(leave_a_mark, mark, pure=False).result(timeout=5)
+        print("ran")
+    except Exception as refused:
+        print(f"{type(refused).__name__}: {refused}".replace("\\n", " "))
+""")
+INTRUDER_DEADLINE = 20  # seconds: a client that has had no answer by then is refused as surely as one told no
+
+
+def _intruder(address: str, security: str, mark: Path) -> str:
+    """What another account's client gets at ``address``: its refusal's type and text, "hung" when it had no
+    answer within ``INTRUDER_DEADLINE`` (distributed's client sometimes waits forever after a TLS alert), or
+    "ran"; and nothing may have run: the mark its work would leave is absent."""
+    try:
+        done = subprocess.run([sys.executable, "-c", INTRUDER, address, security, str(mark)], capture_output=True,
+                              text=True, timeout=INTRUDER_DEADLINE)
+        outcome = (done.stdout.strip().splitlines() or [f"exit {done.returncode}"])[-1]
+    except subprocess.TimeoutExpired:
+        outcome = "hung"
+    assert not mark.exists(), (security, outcome)
+    return outcome
+
+
+def test_the_local_cluster_admits_only_the_runs_credentials(closed_cluster, tmp_path):
+    from distributed import Client
 
     address = closed_cluster.scheduler_address
     assert address.startswith("tls://127.0.0.1:")
     host, port = "127.0.0.1", int(address.rsplit(":", 1)[1])
 
-    # Another account knows the address. Without credentials, or with its own, it gets nothing run.
-    refusals = {}
-    for name, attempt in {"no credentials": {}, "credentials of its own": {"security": Security.temporary()},
-                          "plain tcp": {"address": address.replace("tls://", "tcp://")}}.items():
-        with pytest.raises(Exception) as refused:
-            with Client(**{"address": address, "timeout": 5, **attempt}) as intruder:
-                intruder.submit(os.getpid).result(timeout=5)
-        refusals[name] = f"{type(refused.value).__name__}: {refused.value}"
+    # Another account knows the address. Without credentials, or with its own, it gets nothing run: its client
+    # fails (or waits forever), and the work it submitted left no mark.
+    refusals = {
+        "no credentials": _intruder(address, "none", tmp_path / "no-credentials"),
+        "credentials of its own": _intruder(address, "its own", tmp_path / "its-own"),
+        "plain tcp": _intruder(address.replace("tls://", "tcp://"), "none", tmp_path / "plain-tcp"),
+    }
+    assert "ran" not in refusals.values(), refusals
     assert "ssl_context" in refusals["no credentials"]  # Dask will not even try TLS without a certificate
-    assert "TLS certificate does not match" in refusals["credentials of its own"]
+    # Its own CA's certificate fails the scheduler's verification: distributed says so — or, now and then, its
+    # client fails an internal check (AssertionError, seen under load) or never returns after the scheduler's
+    # "unknown ca" alert (seen in make test, where the test then hung for minutes).
+    assert any(text in refusals["credentials of its own"] for text in ("TLS certificate does not match", "AssertionError", "hung")), refusals
     # A plain-TCP client reads TLS bytes it cannot parse: the connection closes (CommClosedError, OSError) or,
     # when the scheduler's first bytes arrive before the close, distributed's message check fails (AssertionError).
-    assert any(name in refusals["plain tcp"] for name in ("CommClosedError", "OSError", "AssertionError")), refusals
+    assert any(name in refusals["plain tcp"] for name in ("CommClosedError", "OSError", "AssertionError", "hung")), refusals
     # A TLS handshake without a client certificate is refused by the scheduler.
     context = ssl.create_default_context()
     context.check_hostname, context.verify_mode = False, ssl.CERT_NONE
