@@ -66,26 +66,55 @@ def private_state_folder(tmp_path_factory):
 
 
 @pytest.fixture(scope="session")
-def prefect_harness():
-    """One Prefect test server (temporary database) for every in-process flow run of the session
+def prefect_harness(prefect_server_env):
+    """The session's real Prefect server (``prefect_server_env``) for every in-process flow run of the session
     (``pytest.mark.usefixtures("prefect_harness")``); under pytest-xdist, one per worker.
 
-    It was one per module: 13 modules started one each, a few seconds apiece on a loaded 2-core machine.
-    Tests that read the API back filter by their own flow run, artifact key or release id, so runs of
-    other modules in the same database do not change what they see.
+    It was Prefect's ``prefect_test_harness``, a second server per worker beside the one the CLI's subprocesses
+    use: one server fewer per worker saves its start and its background services' CPU over the whole run (two
+    cores, both busy for the whole of make test). Tests that read the API back filter by their own flow run,
+    artifact key or release id, so the other runs in the same database do not change what they see.
 
     Flow-run heartbeats are off here: each in-process run otherwise spends 1.5–2.5 s emitting its first
     heartbeat and joining the heartbeat thread at exit (measured on a quiet 2-core machine: a paper-synthetic
-    release 3.1–4.9 s with them, 1.6–2.7 s without), and no test reads a heartbeat. The CLI's subprocesses
-    and ``make serve`` keep Prefect's default.
+    release 3.1–4.9 s with them, 1.6–2.7 s without), and no test reads a heartbeat.
     """
-    from prefect.settings import PREFECT_FLOWS_HEARTBEAT_FREQUENCY, temporary_settings
-    from prefect.testing.utilities import prefect_test_harness
+    import inspect
 
-    with prefect_test_harness(server_startup_timeout=120), temporary_settings(
-        updates={PREFECT_FLOWS_HEARTBEAT_FREQUENCY: None}
-    ):
-        yield
+    import prefect.context
+    from prefect.events.worker import EventsWorker
+    from prefect.logging.handlers import APILogWorker
+    from prefect.settings import (
+        PREFECT_API_AUTH_STRING,
+        PREFECT_API_URL,
+        PREFECT_CLIENT_MAX_RETRIES,
+        PREFECT_FLOWS_HEARTBEAT_FREQUENCY,
+        temporary_settings,
+    )
+    from prefect.utilities.asyncutils import run_coro_as_sync
+
+    env = prefect_server_env
+    with temporary_settings(updates={
+        PREFECT_API_URL: env["PREFECT_API_URL"],
+        PREFECT_API_AUTH_STRING: env["PREFECT_API_AUTH_STRING"],
+        PREFECT_CLIENT_MAX_RETRIES: int(env["PREFECT_CLIENT_MAX_RETRIES"]),
+        PREFECT_FLOWS_HEARTBEAT_FREQUENCY: None,
+    }):
+        # As Prefect's harness does: code running in a context copied before this one sees the same server.
+        with prefect.context._temporary_global_settings_context(prefect.context.get_settings_context()):
+            yield
+
+            async def drain() -> None:
+                # Send the runs' last logs and events while the server still answers.
+                for worker in (APILogWorker, EventsWorker):
+                    try:
+                        drained = worker.drain_all()
+                        if inspect.isawaitable(drained):
+                            await drained
+                    except RuntimeError:  # never started
+                        pass
+
+            run_coro_as_sync(drain())
 
 
 def capped_store(tmp_path, monkeypatch, population: str):

@@ -30,7 +30,9 @@ pytestmark = pytest.mark.server
 
 KEPSILON = str(ROOT / ".venv" / "bin" / "kepsilon") if (ROOT / ".venv" / "bin" / "kepsilon").exists() else "kepsilon"
 POPULATION = "cli-output-people"
-SUCCESS_RUNS = int(os.environ.get("KEPSILON_CLI_OUTPUT_RUNS", "3"))
+# One successful release in make test; KEPSILON_CLI_OUTPUT_RUNS=3 repeats it (an intermittent ERROR line or
+# traceback shows in some runs only).
+SUCCESS_RUNS = int(os.environ.get("KEPSILON_CLI_OUTPUT_RUNS", "1"))
 OWN_SERVER_RUNS = int(os.environ.get("KEPSILON_CLI_OWN_SERVER_RUNS", "1"))
 
 

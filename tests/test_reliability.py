@@ -76,13 +76,20 @@ def test_fault_point_is_inert_unless_named(monkeypatch):
     assert killed.returncode == -signal.SIGKILL and "alive" not in killed.stdout
 
 
-def test_a_kill_at_every_fault_point_leaves_a_consistent_state_and_a_deterministic_rerun(server, base, sample):
+# One kill in each phase of the release: with the noise drawn and nothing staged, with the files staged and
+# nothing recorded, and after the record's commit. make reliability kills at every point of FAULT_POINTS.
+SHORT_FAULT_POINTS = ("after-noise", "after-staging", "after-audit-commit")
+
+
+def test_a_kill_in_each_phase_leaves_a_consistent_state_and_a_deterministic_rerun(server, base, sample):
+    assert set(SHORT_FAULT_POINTS) <= set(FAULT_POINTS)
     results = Results()
     with ThreadPoolExecutor(max_workers=3) as pool:
-        list(pool.map(lambda point: fault_scenario(results, server, base / f"fault-{point}", sample, point, 0), FAULT_POINTS))
-    assert_all_pass(results, "faults", minimum=len(FAULT_POINTS) * 14)
+        list(pool.map(lambda point: fault_scenario(results, server, base / f"fault-{point}", sample, point, 0),
+                      SHORT_FAULT_POINTS))
+    assert_all_pass(results, "faults", minimum=len(SHORT_FAULT_POINTS) * 14)
     names = " ".join(c.name for c in results.checks)
-    assert names.count("equals the bytes staged by the killed run") == 4  # every kill from after-staging on
+    assert names.count("equals the bytes staged by the killed run") == 2  # the kills from after-staging on
 
 
 def test_concurrent_releases_over_the_cap_admit_exactly_the_admissible_ones(race):
