@@ -98,6 +98,7 @@ def store_path(tmp_path_factory):
 @pytest.fixture
 def writable(store_path, tmp_path, monkeypatch):
     """A private copy of the built store for commands that write."""
+    monkeypatch.chdir(tmp_path)  # `verify` reads ./out: not the checkout's, where `make demo` published from another store
     monkeypatch.setenv("KEPSILON_SEED_KEY_FILE", str(store_path.parent / "seed.key"))
     db = open_store(store_path)
     db.execute("PRAGMA wal_checkpoint(TRUNCATE)")

@@ -68,7 +68,8 @@ def _build(path: Path) -> Path:
 
 
 @pytest.fixture
-def built(tmp_path) -> Path:
+def built(tmp_path, monkeypatch) -> Path:
+    monkeypatch.chdir(tmp_path)  # `verify` reads ./out: not the checkout's, where `make demo` published from another store
     return _build(tmp_path / "audit.db")
 
 

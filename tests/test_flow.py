@@ -287,7 +287,8 @@ def audit_answer(store_path, *arguments) -> list[dict]:
     return json.loads(result.output)
 
 
-def test_officers_questions_on_a_store_built_by_real_releases(store, synthetic_spec_dict, tmp_path):
+def test_officers_questions_on_a_store_built_by_real_releases(store, synthetic_spec_dict, tmp_path, monkeypatch):
+    monkeypatch.chdir(tmp_path)  # an officer's own folder: the checkout's out/ may hold `make demo`'s releases of another store
     published = governed_release(parse_spec({**synthetic_spec_dict, "operator": "steward"}))
     with pytest.raises(BudgetExceeded, match="test-population"):
         governed_release(parse_spec({**synthetic_spec_dict, "release_id": "too-greedy", "epsilon": 4.5}))

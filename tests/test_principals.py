@@ -283,8 +283,10 @@ def test_private_keys_others_can_read_or_that_are_not_ed25519_are_refused(tmp_pa
         (folder / "ssh.pub").read_text().split()[:2])
 
 
-def _kepsilon(*args: str, env: dict) -> subprocess.CompletedProcess:
-    return subprocess.run([str(Path(sys.executable).parent / "kepsilon"), *args], capture_output=True, text=True, env=env)
+def _kepsilon(*args: str, env: dict, cwd: Path) -> subprocess.CompletedProcess:
+    """The CLI run in ``cwd``: `audit verify` reads ./out, which in the checkout may hold `make demo`'s releases."""
+    return subprocess.run([str(Path(sys.executable).parent / "kepsilon"), *args], capture_output=True, text=True, env=env,
+                          cwd=cwd)
 
 
 def test_the_cli_sets_up_principals_and_signs_an_approval_as_the_docs_say(tmp_path):
@@ -296,19 +298,19 @@ def test_the_cli_sets_up_principals_and_signs_an_approval_as_the_docs_say(tmp_pa
     env.pop("KEPSILON_SIGNING_KEY", None)
     keys = tmp_path / "keys"
     for name in ("admin", "alice"):
-        assert _kepsilon("audit", "keygen", str(keys / name), env=env).returncode == 0
-    done = _kepsilon("audit", "init", "--admin", "root", "--key", str(keys / "admin"), env=env)
+        assert _kepsilon("audit", "keygen", str(keys / name), env=env, cwd=tmp_path).returncode == 0
+    done = _kepsilon("audit", "init", "--admin", "root", "--key", str(keys / "admin"), env=env, cwd=tmp_path)
     assert done.returncode == 0 and "every approval" in done.stdout
     done = _kepsilon("audit", "principal", "add", "alice", "--role", "approver", "--public-key", str(keys / "alice.pub"),
-                     "--reason", "officer on duty", "--key", str(keys / "admin"), env=env)
+                     "--reason", "officer on duty", "--key", str(keys / "admin"), env=env, cwd=tmp_path)
     assert done.returncode == 0, done.stderr
-    refused = _kepsilon("audit", "approve", "R1", "--spec-hash", SPEC, "--by", "alice", "--reason", "ok", env=env)
+    refused = _kepsilon("audit", "approve", "R1", "--spec-hash", SPEC, "--by", "alice", "--reason", "ok", env=env, cwd=tmp_path)
     assert refused.returncode == 2 and refused.stderr.count("\n") == 1 and "requires signed acts" in refused.stderr
-    done = _kepsilon("audit", "approve", "R1", "--spec-hash", SPEC, "--reason", "ok", env={**env, "KEPSILON_SIGNING_KEY": str(keys / "alice")})
+    done = _kepsilon("audit", "approve", "R1", "--spec-hash", SPEC, "--reason", "ok", env={**env, "KEPSILON_SIGNING_KEY": str(keys / "alice")}, cwd=tmp_path)
     assert done.returncode == 0 and "signed by alice" in done.stdout
-    spoof = _kepsilon("audit", "approve", "R1", "--spec-hash", SPEC, "--reason", "ok", "--by", "carol", "--key", str(keys / "alice"), env=env)
+    spoof = _kepsilon("audit", "approve", "R1", "--spec-hash", SPEC, "--reason", "ok", "--by", "carol", "--key", str(keys / "alice"), env=env, cwd=tmp_path)
     assert spoof.returncode == 2 and "belongs to 'alice', not to 'carol'" in spoof.stderr
-    verify = _kepsilon("audit", "verify", "--format", "json", env=env)
+    verify = _kepsilon("audit", "verify", "--format", "json", env=env, cwd=tmp_path)
     assert verify.returncode == 0 and '"signatures": "3 signature(s) verified"' in verify.stdout
 
 
