@@ -57,7 +57,6 @@ from kepsilon.tasks.publish import merge_and_shuffle, published_columns, stage_r
 from kepsilon.tasks.record import check_seed_key, store_location
 from kepsilon.tasks.scratch import sweep_leftover_scratch
 from kepsilon.tasks.suppress import suppress_linkable, suppress_undiverse
-from kepsilon.tasks.validate import check_dp_release, check_release, validation_failure
 
 _run_day = run_day  # flows/check.py's name for it
 
@@ -232,6 +231,10 @@ def _perturb_check_stage(
     # Private: the officer's certificate's risk models and utility report (docs/certificate.md).
     record["certificate"] = certificate_figures(spec, table, partition, kept, class_ids, perturbation.frame, suppression.removed)
 
+    # Great Expectations takes 1.3-1.6 s to import: only a release that reaches its checks pays for it, so
+    # a refusal before ε answers without it.
+    from kepsilon.tasks.validate import check_release, validation_failure
+
     validation = _in_stage(
         "validate",
         check_release,
@@ -279,6 +282,8 @@ def _dp_check_stage(
     record["columns"] = published_columns(release, table.roles)
     # Private: the officer's certificate's risk models and utility report (docs/certificate.md).
     record["certificate"] = dp_certificate_figures(spec, table.frame, dp_plan, release, outcome.rows)
+
+    from kepsilon.tasks.validate import check_dp_release, validation_failure  # imported late: see _perturb_check_stage
 
     validation = check_dp_release(release, spec, outcome.report["rows_sampled"], outcome.report["rows_suppressed"])
     record["checks"] = validation.checks

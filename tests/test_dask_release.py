@@ -304,7 +304,8 @@ def unsealed_seed(store, release_id: str) -> bytes:
 
 
 FLOW_CASES = [
-    (1, "sample", 1, {}),
+    # One partition on one worker: what the other cases do with more of both (make test-heavy runs it).
+    pytest.param(1, "sample", 1, {}, marks=pytest.mark.heavy),
     (1, "dataset", 4, {}),
     (2, "tricky", 3, {"sensitive": [{"column": "RELIGION", "l_diversity": {"l": 2}}, "ICD"]}),
     (2, "sample", 5, {"algorithm": "ola"}),
