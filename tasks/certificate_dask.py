@@ -54,6 +54,7 @@ from .certificate import (
     source_uniqueness_of_size_counts,
     timed_attempts,
 )
+from .counting import value_pair_counts
 from .errors import InputError, SpecError
 
 Each = Callable[[str, Callable, list[tuple]], list]  # as tasks/shards.py: a task per argument tuple
@@ -145,16 +146,12 @@ def part_sketch(frame: pd.DataFrame, source: pd.DataFrame, keys: np.ndarray, spe
     e_quasi = names["e_quasi"]
     sample_source = frame.iloc[:SAMPLE_ROWS].copy()  # the released columns, with the source's values where they differ
     for column in source.columns:
-        sample_source[column] = source[column].to_numpy()[:SAMPLE_ROWS]
+        sample_source[column] = source[column].iloc[:SAMPLE_ROWS].to_numpy()  # the sample's rows only, as NumPy
     sketch = {
         "records": int(len(frame)),
         "as_read": {column: _value_counts(frame[column]) for column in _as_read_columns(spec)},
         "numbers": {column: _number_counts(frame[column], None) for column in e_quasi},
-        "pairs": {
-            column: pd.DataFrame({"value": source[column].to_numpy(), "label": frame[column].astype(str).to_numpy()})
-            .value_counts(sort=False, dropna=False).rename("records").reset_index()
-            for column in names["k_quasi"]
-        },
+        "pairs": {column: value_pair_counts(source[column], frame[column].astype(str)) for column in names["k_quasi"]},
         "moments_source": utility.moments(source, e_quasi) if len(e_quasi) > 1 else None,
         "moments_released": utility.moments(frame, e_quasi) if len(e_quasi) > 1 else None,
         "weight_sums": None,
