@@ -268,16 +268,25 @@ def distribute(index: int, offset: int, scratch: Scratch, columns: list[str], bu
             raise RuntimeError("a record's k-quasi tuple is missing from the table's histogram")
         class_ids[mine] = class_of_tuple[tuple_of_record]
     target_of_class = area.read("targets")
-    kept = class_ids >= 0
-    frame = frame[kept]
-    class_ids = class_ids[kept]
+    kept = np.flatnonzero(class_ids >= 0)
     frame.index = frame.index + offset  # the piece's own positions, from 0, become the source's
-    targets = target_of_class[class_ids]
-    for target in np.unique(targets):
-        chosen = targets == target
-        area.write((frame[chosen], class_ids[chosen]), "shuffle", int(target), index)
+    order, runs = by_target(target_of_class[class_ids[kept]])
+    grouped, grouped_ids = frame.iloc[kept[order]], class_ids[kept[order]]
+    for target, rows in runs:
+        area.write((grouped.iloc[rows], grouped_ids[rows]), "shuffle", target, index)
     fault_point("worker-distribute")
-    return int(kept.sum())
+    return len(kept)
+
+
+def by_target(targets: np.ndarray) -> tuple[np.ndarray, list[tuple[int, slice]]]:
+    """Rows grouped by their target (a partition or a range) in one pass: ``order`` sorts them by target,
+    stably (each target's rows keep their order), and per target present, the slice of ``order`` that holds
+    its rows. Gathering the rows once in ``order`` and slicing costs one copy of the rows, where a mask per
+    target cost a pass over every row and column per target."""
+    order = np.argsort(targets, kind="stable")
+    present, starts = np.unique(targets[order], return_index=True)
+    ends = np.append(starts[1:], len(order))
+    return order, [(int(target), slice(int(start), int(end))) for target, start, end in zip(present, starts, ends)]
 
 
 # --------------------------------------------------------------------------- group codes
@@ -469,15 +478,18 @@ def perturb_and_suppress(
     errors = _error_sums(kept, perturbed, spec)
     positions = source_positions(kept)
     order_keys = streams.order_keys(positions)
-    ranges = order_ranges(order_keys, parts)
-    for target in np.unique(ranges[published]):
-        chosen = published & (ranges == target)
-        rows = merged[chosen]
+    candidates = np.flatnonzero(published)
+    order, runs = by_target(order_ranges(order_keys[candidates], parts))
+    chosen = candidates[order]  # the published records, range by range
+    frame = merged.iloc[chosen].reset_index(drop=True)
+    source = kept[source_columns(spec)].iloc[chosen].reset_index(drop=True)  # for the certificate's sketch
+    arrays = {"positions": positions[chosen], "order": order_keys[chosen], "keys": keys[chosen]}
+    chosen_codes = [column[chosen] for column in codes]
+    for target, rows in runs:
         area.write(
-            {"frame": rows.reset_index(drop=True), "positions": positions[chosen], "order": order_keys[chosen],
-             "keys": keys[chosen], "codes": [column[chosen] for column in codes],
-             "source": kept[source_columns(spec)][chosen].reset_index(drop=True)},  # for the certificate's sketch
-            "ordered", int(target), index,
+            {"frame": frame.iloc[rows].reset_index(drop=True), **{name: values[rows] for name, values in arrays.items()},
+             "codes": [column[rows] for column in chosen_codes], "source": source.iloc[rows].reset_index(drop=True)},
+            "ordered", target, index,
         )
     return ClassPartition(index, len(kept), perturbed.report, suppression.report, groups, classes, errors, empty_like(merged))
 
