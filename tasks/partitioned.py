@@ -253,20 +253,16 @@ def distribute(index: int, offset: int, scratch: Scratch, columns: list[str], bu
     anonymiser's suppressed records (class -1, OLA) go nowhere. Returns the records kept. One shard's
     tuples are in memory at a time.
     """
-    from .shards import tuple_buckets
+    from .shards import tuple_buckets, tuple_hashes
 
     area = scratch
     frame = area.read("classified", index)
-    bucket = tuple_buckets(frame, columns, buckets)
+    hashes = tuple_hashes(frame, columns)
+    order, runs = by_target(tuple_buckets(frame, columns, buckets, hashes))
     class_ids = np.full(len(frame), -1, dtype=np.int64)
-    for number in np.unique(bucket):
-        tuples, class_of_tuple = area.read("shard-classes", int(number))
-        mine = np.flatnonzero(bucket == number)
-        tuple_of_record = pd.MultiIndex.from_frame(tuples[columns]).get_indexer(
-            pd.MultiIndex.from_frame(frame[columns].iloc[mine]))
-        if (tuple_of_record < 0).any():  # every record's tuple is in the shard it was counted into
-            raise RuntimeError("a record's k-quasi tuple is missing from the table's histogram")
-        class_ids[mine] = class_of_tuple[tuple_of_record]
+    for number, rows in runs:
+        mine = order[rows]
+        class_ids[mine] = _classes_in_shard(area, number, frame, columns, mine, hashes[mine])
     target_of_class = area.read("targets")
     kept = np.flatnonzero(class_ids >= 0)
     frame.index = frame.index + offset  # the piece's own positions, from 0, become the source's
@@ -287,6 +283,28 @@ def by_target(targets: np.ndarray) -> tuple[np.ndarray, list[tuple[int, slice]]]
     present, starts = np.unique(targets[order], return_index=True)
     ends = np.append(starts[1:], len(order))
     return order, [(int(target), slice(int(start), int(end))) for target, start, end in zip(present, starts, ends)]
+
+
+def _classes_in_shard(scratch: Scratch, bucket: int, frame: pd.DataFrame, columns: list[str], rows: np.ndarray,
+                      hashes: np.ndarray) -> np.ndarray:
+    """The class of each record of one bucket (``rows`` of ``frame``, their tuples' ``hashes``): its tuple's,
+    from the bucket's shard. Found by the hash when no two tuples of the shard share one and every
+    record's hash is there (a record's tuple is in the shard it was counted into: the hash then names it);
+    otherwise by matching the values themselves."""
+    from .shards import SHARD_KEYS
+
+    keys, class_of_tuple = scratch.read(SHARD_KEYS, bucket)
+    by_hash = pd.Index(keys)
+    if by_hash.is_unique:
+        tuple_of_record = by_hash.get_indexer(hashes)
+        if (tuple_of_record >= 0).all():
+            return class_of_tuple[tuple_of_record]
+    tuples, class_of_tuple = scratch.read("shard-classes", bucket)
+    tuple_of_record = pd.MultiIndex.from_frame(tuples[columns]).get_indexer(
+        pd.MultiIndex.from_frame(frame[columns].iloc[rows]))
+    if (tuple_of_record < 0).any():  # every record's tuple is in the shard it was counted into
+        raise RuntimeError("a record's k-quasi tuple is missing from the table's histogram")
+    return class_of_tuple[tuple_of_record]
 
 
 # --------------------------------------------------------------------------- group codes

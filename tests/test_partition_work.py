@@ -101,3 +101,29 @@ def test_rows_by_target_are_the_masks(targets):
     assert [target for target, _ in runs] == np.unique(targets).tolist()
     for target, rows in runs:
         assert order[rows].tolist() == np.flatnonzero(targets == target).tolist()
+
+
+def test_a_records_class_is_found_by_hash_or_by_its_values(tmp_path):
+    from kepsilon.tasks.partitioned import _classes_in_shard
+    from kepsilon.tasks.scratch import Scratch
+    from kepsilon.tasks.shards import SHARD_KEYS, tuple_hashes, write_shard_classes
+
+    scratch = Scratch.new(tmp_path / "scratch")
+    columns = ["ZIP", "SEX"]
+    tuples = pd.DataFrame({"ZIP": pd.array(["00501", "10001", None, "10001"], dtype=str),
+                           "SEX": pd.array(["F", "F", "M", "M"], dtype=str)})
+    class_of_tuple = np.array([3, 0, 2, 1], dtype=np.int64)
+    write_shard_classes(scratch, 0, tuples, class_of_tuple, columns)
+    frame = tuples.iloc[[3, 0, 2, 2, 1]].reset_index(drop=True)
+    rows = np.arange(len(frame))
+    expected = [1, 3, 2, 2, 0]
+    hashes = tuple_hashes(frame, columns)
+    assert _classes_in_shard(scratch, 0, frame, columns, rows, hashes).tolist() == expected
+    keys, classes = scratch.read(SHARD_KEYS, 0)
+    scratch.write((np.zeros_like(keys), classes), SHARD_KEYS, 0)  # every tuple's hash the same: matched on values
+    assert _classes_in_shard(scratch, 0, frame, columns, rows, hashes).tolist() == expected
+    scratch.write((keys + np.uint64(1), classes), SHARD_KEYS, 0)  # no record's hash found: matched on values
+    assert _classes_in_shard(scratch, 0, frame, columns, rows, hashes).tolist() == expected
+    stranger = pd.DataFrame({"ZIP": pd.array(["99999"], dtype=str), "SEX": pd.array(["F"], dtype=str)})
+    with pytest.raises(RuntimeError, match="missing from the table's histogram"):
+        _classes_in_shard(scratch, 0, stranger, columns, np.arange(1), tuple_hashes(stranger, columns))
