@@ -1,4 +1,4 @@
-"""Counting distinct values and pairs on integer codes, in order of first occurrence.
+"""Counting distinct values and pairs on integer codes, in order of first occurrence; grouping rows by target.
 
 The partitioned stages count records per value and per pair of values on every record of a partition.
 pandas' ``value_counts(sort=False)`` gives those counts in order of first occurrence, but on text columns
@@ -30,3 +30,36 @@ def value_pair_counts(values: pd.Series, labels: pd.Series) -> pd.DataFrame:
     frame = pd.DataFrame({"value": values.iloc[rows].to_numpy(), "label": labels.iloc[rows].to_numpy()})
     frame["records"] = np.bincount(numbers, minlength=len(rows)).astype(np.int64)
     return frame
+
+
+def column_codes(frame: pd.DataFrame, columns: list[str]) -> dict[str, tuple[np.ndarray, int]]:
+    """Per column, its values' codes (a missing value counted as a value) and how many distinct values it
+    has: factorised once for every combination that uses the column (:func:`combination_codes`)."""
+    result = {}
+    for column in columns:
+        codes, distinct = pd.factorize(frame[column], use_na_sentinel=False)
+        result[column] = (codes.astype(np.int64, copy=False), len(distinct))
+    return result
+
+
+def combination_codes(codes: dict[str, tuple[np.ndarray, int]], columns: list[str], rows: int) -> np.ndarray:
+    """One int64 code per row (of ``rows``) for its combination of values in ``columns`` (equal combinations
+    get equal codes), from the columns' :func:`column_codes`, renumbered after each column so that the codes
+    stay below rows × distinct values. With :func:`first_occurrences`, the groups of
+    ``frame.groupby(columns, sort=False, dropna=False, observed=True).ngroup()``, without the groups' index."""
+    combined = np.zeros(rows, dtype=np.int64)
+    for column in columns:
+        column_code, distinct = codes[column]
+        combined, _ = pd.factorize(combined * max(distinct, 1) + column_code)
+    return combined.astype(np.int64, copy=False)
+
+
+def by_target(targets: np.ndarray) -> tuple[np.ndarray, list[tuple[int, slice]]]:
+    """Rows grouped by their target (a partition, a range, a shard) in one pass: ``order`` sorts them by
+    target, stably (each target's rows keep their order), and per target present, the slice of ``order``
+    that holds its rows. Gathering the rows once in ``order`` and slicing costs one copy of the rows, where a
+    mask per target cost a pass over every row and column per target."""
+    order = np.argsort(targets, kind="stable")
+    present, starts = np.unique(targets[order], return_index=True)
+    ends = np.append(starts[1:], len(order))
+    return order, [(int(target), slice(int(start), int(end))) for target, start, end in zip(present, starts, ends)]

@@ -80,6 +80,7 @@ from .certificate_dask import (
     source_sketch,
 )
 from .classify import NEAR_UNIQUE_MIN_ROWS, NEAR_UNIQUE_RATIO, Findings, classify_findings, refuse_findings
+from .counting import by_target
 from .errors import InputError, KepsilonError, SpecError
 from .figure_inputs import ErrorCells, ErrorExtremes, Extent, FigureInputs, SizeCounts, shown_errors
 from .ingest import refuse_short_records
@@ -272,17 +273,6 @@ def distribute(index: int, offset: int, scratch: Scratch, columns: list[str], bu
         area.write((grouped.iloc[rows], grouped_ids[rows]), "shuffle", target, index)
     fault_point("worker-distribute")
     return len(kept)
-
-
-def by_target(targets: np.ndarray) -> tuple[np.ndarray, list[tuple[int, slice]]]:
-    """Rows grouped by their target (a partition or a range) in one pass: ``order`` sorts them by target,
-    stably (each target's rows keep their order), and per target present, the slice of ``order`` that holds
-    its rows. Gathering the rows once in ``order`` and slicing costs one copy of the rows, where a mask per
-    target cost a pass over every row and column per target."""
-    order = np.argsort(targets, kind="stable")
-    present, starts = np.unique(targets[order], return_index=True)
-    ends = np.append(starts[1:], len(order))
-    return order, [(int(target), slice(int(start), int(end))) for target, start, end in zip(present, starts, ends)]
 
 
 def _classes_in_shard(scratch: Scratch, bucket: int, frame: pd.DataFrame, columns: list[str], rows: np.ndarray,

@@ -127,3 +127,18 @@ def test_a_records_class_is_found_by_hash_or_by_its_values(tmp_path):
     stranger = pd.DataFrame({"ZIP": pd.array(["99999"], dtype=str), "SEX": pd.array(["F"], dtype=str)})
     with pytest.raises(RuntimeError, match="missing from the table's histogram"):
         _classes_in_shard(scratch, 0, stranger, columns, np.arange(1), tuple_hashes(stranger, columns))
+
+
+@pytest.mark.parametrize("columns", [["A"], ["A", "B"], ["B", "C", "A"]])
+def test_combination_codes_number_the_groups_as_groupby(columns):
+    from kepsilon.tasks.counting import column_codes, combination_codes
+
+    rows = 2_000
+    frame = pd.DataFrame({
+        "A": pd.Series(np.array(["x", "y", None, "z"], dtype=object)[RNG.integers(0, 4, rows)], dtype=str),
+        "B": pd.Series(np.array(["1", "2", "3"], dtype=object)[RNG.integers(0, 3, rows)], dtype="category"),
+        "C": pd.Series(np.where(RNG.random(rows) < 0.1, np.nan, RNG.integers(0, 5, rows).astype(float))),
+    })
+    numbers, _ = first_occurrences(combination_codes(column_codes(frame, ["C", "A", "B"]), columns, rows))
+    expected = frame.groupby(columns, sort=False, dropna=False, observed=True).ngroup().to_numpy()
+    assert np.array_equal(numbers, expected)
