@@ -142,3 +142,17 @@ def test_combination_codes_number_the_groups_as_groupby(columns):
     numbers, _ = first_occurrences(combination_codes(column_codes(frame, ["C", "A", "B"]), columns, rows))
     expected = frame.groupby(columns, sort=False, dropna=False, observed=True).ngroup().to_numpy()
     assert np.array_equal(numbers, expected)
+
+
+@pytest.mark.parametrize("spread", [1, 3, 50])
+def test_keyed_words_block_by_block_are_the_generators(spread):
+    from kepsilon.engine import randomness
+
+    key = int.from_bytes(RNG.bytes(16), "little")
+    positions = RNG.choice(2_000 * spread, 2_000, replace=False)  # close together (runs) or spread thin (block by block)
+    expected = np.random.Philox(key=key, counter=0).random_raw(4 * 2_000 * spread).reshape(-1, 4)[positions, 0]
+    assert np.array_equal(randomness._keyed_words(key, positions), expected)
+    assert np.array_equal(randomness._philox_first_words(key, positions), expected)
+    far = np.array([2**40, 2**62], dtype=np.int64)  # a block's word depends on its counter alone, however large
+    assert randomness._philox_first_words(key, far).tolist() == [
+        int(np.random.Philox(key=key, counter=int(p)).random_raw(4)[0]) for p in far]
