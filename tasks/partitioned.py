@@ -733,13 +733,21 @@ def remove_partials(folder: Path) -> None:
 
 
 def release_memory() -> None:
-    """Return a finished partition's memory: collect cycles, drop Arrow's cached buffers, trim the C heap."""
+    """Return a finished partition's memory: collect cycles, drop Arrow's cached buffers, trim the C heap.
+
+    After its first collection a process freezes what survived it (``gc.freeze``): the modules and
+    libraries a worker imported (about 400k objects: Prefect, Dask, pandas, Great Expectations), which
+    live as long as the worker. A full collection then scans only what was made since, a partition's
+    objects among them, instead of 0.24 s of CPU walking the libraries again after every task.
+    """
     import ctypes
     import gc
 
     import pyarrow as pa
 
     gc.collect()
+    if not gc.get_freeze_count():
+        gc.freeze()
     pa.default_memory_pool().release_unused()
     try:
         ctypes.CDLL("libc.so.6").malloc_trim(0)
