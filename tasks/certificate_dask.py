@@ -54,6 +54,7 @@ from .certificate import (
     source_uniqueness_of_size_counts,
     timed_attempts,
 )
+from .counting import by_target, column_codes, combination_codes, first_occurrences, value_pair_counts
 from .errors import InputError, SpecError
 
 Each = Callable[[str, Callable, list[tuple]], list]  # as tasks/shards.py: a task per argument tuple
@@ -145,16 +146,12 @@ def part_sketch(frame: pd.DataFrame, source: pd.DataFrame, keys: np.ndarray, spe
     e_quasi = names["e_quasi"]
     sample_source = frame.iloc[:SAMPLE_ROWS].copy()  # the released columns, with the source's values where they differ
     for column in source.columns:
-        sample_source[column] = source[column].to_numpy()[:SAMPLE_ROWS]
+        sample_source[column] = source[column].iloc[:SAMPLE_ROWS].to_numpy()  # the sample's rows only, as NumPy
     sketch = {
         "records": int(len(frame)),
         "as_read": {column: _value_counts(frame[column]) for column in _as_read_columns(spec)},
         "numbers": {column: _number_counts(frame[column], None) for column in e_quasi},
-        "pairs": {
-            column: pd.DataFrame({"value": source[column].to_numpy(), "label": frame[column].astype(str).to_numpy()})
-            .value_counts(sort=False, dropna=False).rename("records").reset_index()
-            for column in names["k_quasi"]
-        },
+        "pairs": {column: value_pair_counts(source[column], frame[column].astype(str)) for column in names["k_quasi"]},
         "moments_source": utility.moments(source, e_quasi) if len(e_quasi) > 1 else None,
         "moments_released": utility.moments(frame, e_quasi) if len(e_quasi) > 1 else None,
         "weight_sums": None,
@@ -277,32 +274,38 @@ def shard_sketches(spec, scratch, buckets: int, each: Each) -> str | None:
         scratch.remove(ANSWERS)
 
 
-def _projections(shard, combination: tuple[str, ...], buckets: int) -> tuple[np.ndarray, pd.DataFrame, np.ndarray, np.ndarray]:
+def _projections(shard, combination: tuple[str, ...], buckets: int,
+                 codes: dict[str, tuple[np.ndarray, int]]) -> tuple[np.ndarray, pd.DataFrame, np.ndarray, np.ndarray]:
     """A shard's distinct values on ``combination``: each tuple's projection, the projections, their
-    records, and the shard that owns each projection (by hash, the same in every shard)."""
+    records, and the shard that owns each projection (by hash, the same in every shard). ``codes``: the
+    shard's tuples' ``column_codes``, made once for all the combinations."""
     from .shards import tuple_buckets
 
     columns = list(combination)
-    of_tuple = shard.tuples.groupby(columns, sort=False, dropna=False, observed=True).ngroup().to_numpy() \
-        if len(shard) else np.zeros(0, dtype=np.int64)
-    count = int(of_tuple.max()) + 1 if len(of_tuple) else 0
-    firsts = np.full(count, len(of_tuple), dtype=np.int64)
-    np.minimum.at(firsts, of_tuple, np.arange(len(of_tuple), dtype=np.int64))
+    of_tuple, firsts = first_occurrences(combination_codes(codes, columns, len(shard.tuples)))
     values = shard.tuples[columns].iloc[firsts].reset_index(drop=True)
-    records = np.bincount(of_tuple, weights=shard.weights, minlength=count)
+    records = np.bincount(of_tuple, weights=shard.weights, minlength=len(firsts))
     return of_tuple, values, records, tuple_buckets(values, columns, buckets)
+
+
+def _searched_columns(combinations: list[tuple[str, ...]]) -> list[str]:
+    return list(dict.fromkeys(column for combination in combinations for column in combination))
 
 
 def send_projections(scratch, bucket: int, combinations: list[tuple[str, ...]], buckets: int) -> int:
     """Round 1, per shard: its records per value combination of every searched column set, each to the
     shard owning the combination (``PROJECTIONS``, owner, this shard). Returns the tuples read."""
     shard = scratch.read("shard", bucket)
+    codes = column_codes(shard.tuples, _searched_columns(combinations))
     outgoing: list[dict] = [{} for _ in range(buckets)]
     for number, combination in enumerate(combinations):
-        _, values, records, owner = _projections(shard, combination, buckets)
+        _, values, records, owner = _projections(shard, combination, buckets, codes)
+        order, runs = by_target(owner)
+        values, records = values.iloc[order].reset_index(drop=True), records[order]  # owner by owner, in order
+        rows_of = dict(runs)
         for target in range(buckets):
-            chosen = owner == target
-            outgoing[target][number] = (values[chosen].reset_index(drop=True), records[chosen])
+            rows = rows_of.get(target, slice(0, 0))
+            outgoing[target][number] = (values.iloc[rows].reset_index(drop=True), records[rows])
     for target in range(buckets):
         scratch.write(outgoing[target], PROJECTIONS, target, bucket)
     return len(shard)
@@ -338,11 +341,13 @@ def shard_sketch(scratch, bucket: int, spec, combinations: list[tuple[str, ...]]
     shard = scratch.read("shard", bucket)
     answers = [scratch.read(ANSWERS, owner, bucket) for owner in range(buckets)]
     unique_on: dict[tuple[str, ...], np.ndarray] = {}
+    codes = column_codes(shard.tuples, _searched_columns(combinations))
     for number, combination in enumerate(combinations):
-        of_tuple, _, _, owner = _projections(shard, combination, buckets)
+        of_tuple, _, _, owner = _projections(shard, combination, buckets, codes)
         one = np.zeros(len(owner), dtype=bool)
-        for target in range(buckets):
-            one[owner == target] = answers[target][number]  # in the order the projections were sent
+        order, runs = by_target(owner)
+        for target, rows in runs:
+            one[order[rows]] = answers[target][number]  # in the order the projections were sent
         unique_on[combination] = one[of_tuple]
     k_quasi = [q.column for q in spec.roles.k_quasi]
     max_size = _settings(spec).suda_max_size

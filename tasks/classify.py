@@ -193,6 +193,8 @@ _ISO_DATE = re.compile(r"^\d{4}-\d{2}-\d{2}")
 def _looks_like(reason: str, value: str) -> bool:
     """Whether one distinct value looks like a direct identifier of the given kind."""
     if reason == "ip_address":
+        if "." not in value and ":" not in value:  # an IPv4 address has dots, an IPv6 one colons: nothing to parse
+            return False
         try:
             ipaddress.ip_address(value)
         except ValueError:

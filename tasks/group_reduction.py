@@ -47,6 +47,7 @@ from kepsilon.engine.randomness import RecordStreams
 from kepsilon.flows.spec import ReleaseSpec
 
 from .certificate_dask import WRITTEN_GROUPS
+from .counting import by_target
 from .figure_inputs import ErrorExtremes, Extent, SizeCounts
 from .partitioned import (
     PARTITION_RETRIES,
@@ -90,14 +91,29 @@ def group_buckets(keys: np.ndarray, buckets: int) -> np.ndarray:
 
 
 def split_groups(groups: GroupCounts, buckets: int) -> list[GroupCounts]:
-    """``groups`` cut into one ``GroupCounts`` per bucket of keys (keys still sorted within each)."""
-    of_group = group_buckets(groups.keys, buckets)
-    of_values = [group_buckets(table["key"].to_numpy(dtype=np.int64), buckets) for table in groups.values]
+    """``groups`` cut into one ``GroupCounts`` per bucket of keys (keys still sorted within each): the groups
+    and each value table sorted by bucket once, each bucket a slice of them."""
+    order, slices = _bucket_slices(groups.keys, buckets)
+    keys, sizes = groups.keys[order], groups.sizes[order]
+    tables = []
+    for table in groups.values:
+        table_order, table_slices = _bucket_slices(table["key"].to_numpy(dtype=np.int64), buckets)
+        tables.append((table.iloc[table_order].reset_index(drop=True), table_slices))
     return [
-        GroupCounts(groups.keys[of_group == bucket], groups.sizes[of_group == bucket],
-                    [table[of_value == bucket].reset_index(drop=True) for table, of_value in zip(groups.values, of_values)])
+        GroupCounts(keys[slices[bucket]], sizes[slices[bucket]],
+                    [table.iloc[rows[bucket]].reset_index(drop=True) for table, rows in tables])
         for bucket in range(buckets)
     ]
+
+
+def _bucket_slices(keys: np.ndarray, buckets: int) -> tuple[np.ndarray, list[slice]]:
+    """The rows of ``keys`` sorted by bucket (stably: ``by_target``), and each bucket's slice of that order
+    (empty for a bucket none of the keys falls in)."""
+    order, runs = by_target(group_buckets(keys, buckets))
+    slices = [slice(0, 0)] * buckets
+    for bucket, rows in runs:
+        slices[bucket] = rows
+    return order, slices
 
 
 def write_by_bucket(scratch: Scratch, groups: GroupCounts, name: str, index: int, buckets: int) -> None:

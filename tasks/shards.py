@@ -49,16 +49,31 @@ from .scratch import Scratch
 # A leaf of the top of the cut tree is finished in one task when it holds at most this many distinct
 # tuples (about 0.7 KB each in memory): a worker's share, whatever the table's size.
 MAX_SUBTREE_TUPLES = 200_000
+SHARD_KEYS = "shard-keys"  # scratch: (bucket) the shard's tuples' hashes and classes (``write_shard_classes``)
 
 Each = Callable[[str, Callable, list[tuple]], list]
 
 
-def tuple_buckets(tuples: pd.DataFrame, columns: list[str], buckets: int) -> np.ndarray:
-    """The bucket (0..buckets-1) of each tuple: a hash of its k-quasi values, the same in every piece."""
+def tuple_hashes(tuples: pd.DataFrame, columns: list[str]) -> np.ndarray:
+    """A 64-bit hash of each tuple's k-quasi values, the same in every piece."""
+    return pd.util.hash_pandas_object(tuples[list(columns)], index=False).to_numpy(dtype=np.uint64)
+
+
+def tuple_buckets(tuples: pd.DataFrame, columns: list[str], buckets: int, hashes: np.ndarray | None = None) -> np.ndarray:
+    """The bucket (0..buckets-1) of each tuple: its hash (``tuple_hashes``, or the ``hashes`` given) modulo the buckets."""
     if buckets == 1 or not len(tuples):
         return np.zeros(len(tuples), dtype=np.int64)
-    hashes = pd.util.hash_pandas_object(tuples[list(columns)], index=False).to_numpy(dtype=np.uint64)
+    hashes = tuple_hashes(tuples, columns) if hashes is None else hashes
     return (hashes % np.uint64(buckets)).astype(np.int64)
+
+
+def write_shard_classes(scratch: Scratch, bucket: int, tuples: pd.DataFrame, class_of_tuple: np.ndarray,
+                        columns: list[str]) -> None:
+    """A shard's tuples with their classes (``shard-classes``), and the same classes keyed by the tuples'
+    hashes (``SHARD_KEYS``): the distribution finds a record's tuple by its hash alone, without reading or
+    matching the tuples' values, whenever no two tuples of the shard share a hash."""
+    scratch.write((tuples, class_of_tuple), "shard-classes", bucket)
+    scratch.write((tuple_hashes(tuples, columns), class_of_tuple), SHARD_KEYS, bucket)
 
 
 def write_partials(scratch: Scratch, histogram: TupleHistogram, columns: list[str], buckets: int, piece: int) -> None:
@@ -184,7 +199,8 @@ def _mondrian_on_shards(spec, scratch, buckets, encoding, criteria, rows, each, 
     each("mondrian-subtree", finish_leaf, [(scratch, leaf, buckets, encoding, spec.k, criteria, e_quasis) for leaf in leaves])
     each("number-classes", number_classes, [(scratch, leaves)])
     each("renumber-leaf", number_leaf, [(scratch, leaf) for leaf in leaves])
-    each("collect-classes", collect_shard, [(scratch, b, leaves) for b in range(buckets)])
+    columns = [q.column for q in spec.roles.k_quasi]
+    each("collect-classes", collect_shard, [(scratch, b, leaves, columns) for b in range(buckets)])
     (result,) = each("class-report", class_report, [(scratch, leaves, encoding, rows, spec, buckets)])
     return result
 
@@ -253,15 +269,15 @@ def number_leaf(scratch: Scratch, leaf: int) -> int:
     return len(numbers)
 
 
-def collect_shard(scratch: Scratch, bucket: int, leaves: list[int]) -> int:
-    """A shard's tuples with their classes (``shard-classes``), for the distribution of the records."""
+def collect_shard(scratch: Scratch, bucket: int, leaves: list[int], columns: list[str]) -> int:
+    """A shard's tuples with their classes (``write_shard_classes``), for the distribution of the records."""
     shard = scratch.read("shard", bucket)
     class_of_tuple = np.full(len(shard), -1, dtype=np.int64)
     for leaf in leaves:
         if scratch.exists("class-of", bucket, leaf):
             positions, ids = scratch.read("class-of", bucket, leaf)
             class_of_tuple[positions] = ids
-    scratch.write((shard.tuples, class_of_tuple), "shard-classes", bucket)
+    write_shard_classes(scratch, bucket, shard.tuples, class_of_tuple, columns)
     return len(shard)
 
 
@@ -319,7 +335,7 @@ def ola_on_shards(scratch: Scratch, buckets: int, spec: ReleaseSpec, hierarchies
     class_of_tuple = classes.class_of_tuple
     for bucket, shard in enumerate(shards):
         at = np.searchsorted(whole.first, shard.first)  # a tuple's first record is its own
-        scratch.write((shard.tuples, class_of_tuple[at]), "shard-classes", bucket)
+        write_shard_classes(scratch, bucket, shard.tuples, class_of_tuple[at], columns)
     kept = class_of_tuple >= 0
     n = int(class_of_tuple.max()) + 1 if kept.any() else 0
     sizes = np.bincount(class_of_tuple[kept], weights=whole.weights[kept], minlength=n).astype(np.int64)

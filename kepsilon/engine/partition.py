@@ -11,7 +11,7 @@ import numpy as np
 import pandas as pd
 
 from .errors import InputError, SpecError
-from .hierarchy import lowest_common_levels
+from .hierarchy import ClassRuns, Hierarchy, lowest_common_levels
 
 
 @dataclass
@@ -105,6 +105,10 @@ def published_labels(
     """
     dense_ids, n_classes = _dense(class_ids)
     published = np.asarray(published, dtype=bool)
+    runs = None
+    if levels is None and published.any():  # the published members by class, sorted once for every column
+        members = np.flatnonzero(published)
+        runs = ClassRuns.of(dense_ids[members])
     labels = {}
     for column in frame.columns:
         hierarchy = hierarchies.get(column)
@@ -119,18 +123,20 @@ def published_labels(
             class_level = np.full(n_classes, int(levels[column]), dtype=np.int64)
         else:
             class_level = np.full(n_classes, hierarchy.height - 1, dtype=np.int64)
-            if published.any():
-                present, dense_present = np.unique(dense_ids[published], return_inverse=True)
-                class_level[present] = lowest_common_levels(
-                    leaf_codes[published], dense_present.reshape(-1), hierarchy
-                )
+            if runs is not None:
+                found = lowest_common_levels(leaf_codes[members], dense_ids[members], hierarchy, runs)
+                class_level[:len(found)] = found  # classes past the last published one keep the top level
         row_level = np.where(published, class_level[dense_ids], hierarchy.height - 1)
-        column_labels = np.empty(len(frame), dtype=object)
-        for level in np.unique(row_level):  # one gather per level, not one label per row
-            at_level = row_level == level
-            column_labels[at_level] = hierarchy.labels[level][leaf_codes[at_level]]
-        labels[column] = pd.array(column_labels, dtype=str)
+        labels[column] = _labels_at(hierarchy, row_level, leaf_codes)
     return pd.DataFrame(labels, index=frame.index)
+
+
+def _labels_at(hierarchy: Hierarchy, row_level: np.ndarray, leaf_codes: np.ndarray) -> pd.api.extensions.ExtensionArray:
+    """Per row, the label of its leaf at its level, as text (``str``): every level's labels laid end to end
+    and converted once, then one gather (a Python object per row, converted afterwards, cost more)."""
+    table = pd.array(np.concatenate(hierarchy.labels), dtype=str)
+    first = np.cumsum([0] + [len(level) for level in hierarchy.labels[:-1]], dtype=np.int64)
+    return table.take(first[row_level] + leaf_codes)
 
 
 def _dense(class_ids: np.ndarray) -> tuple[np.ndarray, int]:

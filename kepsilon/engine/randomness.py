@@ -91,11 +91,15 @@ def _checked_positions(positions) -> np.ndarray:
 def _keyed_words(key: int, positions) -> np.ndarray:
     """The first 64-bit word of Philox block ``p`` under ``key``, for each position ``p``.
 
-    Positions are generated a run at a time: one generator covers the span from a run's smallest to
-    its largest position (positions of one partition, or of the records a stage kept, lie close
-    together), in runs of at most ``_SPAN`` blocks so memory stays flat on any table.
+    Positions close together (the whole table, a piece of it) are generated a run at a time: one
+    generator covers the span from a run's smallest to its largest position, in runs of at most
+    ``_SPAN`` blocks so memory stays flat on any table. Positions spread thin over a wider span (a
+    class partition holds records from every piece of the source) are computed block by block
+    (:func:`_philox_first_words`), so the cost follows the records, not the table they are spread over.
     """
     positions = _checked_positions(positions)
+    if positions.size and int(positions.max()) - int(positions.min()) >= _SPARSE * positions.size:
+        return _philox_first_words(key, positions)
     words = np.empty(positions.size, dtype=np.uint64)
     by_position = np.argsort(positions, kind="stable")
     ordered = positions[by_position]
@@ -108,6 +112,52 @@ def _keyed_words(key: int, positions) -> np.ndarray:
         words[by_position[first:last]] = blocks.reshape(span, _WORDS_PER_BLOCK)[ordered[first:last] - start, 0]
         first = last
     return words
+
+
+# Philox-4×64-10's constants (Salmon et al. 2011; numpy's philox.h): the round multipliers and the key bumps.
+_PHILOX_M = (np.uint64(0xD2E7470EE14C6C93), np.uint64(0xCA5A826395121157))
+_PHILOX_W = (0x9E3779B97F4A7C15, 0xBB67AE8584CAA73B)
+_PHILOX_ROUNDS = 10
+_LOW32 = np.uint64(0xFFFFFFFF)
+_CHUNK = 1 << 14  # positions computed at once: the round's arrays stay in the processor's cache
+_SPARSE = 2  # positions spanning at least this many blocks each are computed block by block
+
+
+def _philox_first_words(key: int, positions: np.ndarray) -> np.ndarray:
+    """:func:`_keyed_words` for any positions, each block computed from its counter alone: the
+    first word of ``numpy.random.Philox(key=key, counter=0).random_raw()``'s block ``p`` (numpy counts
+    its first block as counter 1), the same words as the runs' generators give."""
+    words = np.empty(positions.size, dtype=np.uint64)
+    for start in range(0, positions.size, _CHUNK):
+        chosen = positions[start:start + _CHUNK].astype(np.uint64) + np.uint64(1)
+        words[start:start + _CHUNK] = _philox_block_word(key, chosen)
+    return words
+
+
+def _philox_block_word(key: int, counters: np.ndarray) -> np.ndarray:
+    """The first word of Philox-4×64-10's block at each 64-bit counter (the counter's upper words 0)."""
+    low_key, high_key = key & 0xFFFFFFFFFFFFFFFF, key >> 64
+    zeros = np.zeros_like(counters)
+    c0, c1, c2, c3 = counters, zeros, zeros, zeros
+    with np.errstate(over="ignore"):  # products modulo 2⁶⁴ are the point
+        for _ in range(_PHILOX_ROUNDS):
+            high0, low0 = _multiply_high_low(c0, _PHILOX_M[0])
+            high1, low1 = _multiply_high_low(c2, _PHILOX_M[1])
+            c0, c1, c2, c3 = high1 ^ c1 ^ np.uint64(low_key), low1, high0 ^ c3 ^ np.uint64(high_key), low0
+            low_key = (low_key + _PHILOX_W[0]) & 0xFFFFFFFFFFFFFFFF
+            high_key = (high_key + _PHILOX_W[1]) & 0xFFFFFFFFFFFFFFFF
+    return c0
+
+
+def _multiply_high_low(values: np.ndarray, factor: np.uint64) -> tuple[np.ndarray, np.ndarray]:
+    """The high and low 64-bit words of each ``value × factor`` (128 bits), from 32-bit halves."""
+    low = values * factor
+    value_low, value_high = values & _LOW32, values >> np.uint64(32)
+    factor_low, factor_high = factor & _LOW32, factor >> np.uint64(32)
+    cross_low, cross_high = value_low * factor_high, value_high * factor_low
+    middle = ((value_low * factor_low) >> np.uint64(32)) + (cross_low & _LOW32) + (cross_high & _LOW32)
+    high = value_high * factor_high + (cross_low >> np.uint64(32)) + (cross_high >> np.uint64(32)) + (middle >> np.uint64(32))
+    return high, low
 
 
 def _open_uniforms(words: np.ndarray) -> np.ndarray:

@@ -104,7 +104,13 @@ class ClassSortedValues:
         """Per query row: index in the sorted values of the first value of its class that is
         ``≥ bound`` (``> bound`` if ``inclusive``), or the start of the next class if none is."""
         ranks = np.searchsorted(self.distinct, bounds, side="right" if inclusive else "left")
-        return np.searchsorted(self.keys, dense_ids * self.width + ranks, side="left")
+        queries = dense_ids * self.width + ranks
+        # Searched in sorted order: successive searches then walk the keys forwards instead of probing
+        # them at random (a cache miss per step on a large partition). The answers are the same.
+        by_query = np.argsort(queries)
+        found = np.empty(len(queries), dtype=np.intp)
+        found[by_query] = np.searchsorted(self.keys, queries[by_query], side="left")
+        return found
 
 
 def matches_within_radius(original: np.ndarray, noisy: np.ndarray, dense_ids: np.ndarray, radius: np.ndarray) -> np.ndarray:

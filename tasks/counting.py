@@ -1,0 +1,65 @@
+"""Counting distinct values and pairs on integer codes, in order of first occurrence; grouping rows by target.
+
+The partitioned stages count records per value and per pair of values on every record of a partition.
+pandas' ``value_counts(sort=False)`` gives those counts in order of first occurrence, but on text columns
+it first turns every record into a Python object (a NumPy object array) and back; these functions count
+on integer codes instead and touch the values of one record per distinct value only, with the same rows,
+order and types.
+"""
+
+import numpy as np
+import pandas as pd
+
+
+def first_occurrences(codes: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    """Distinct ``codes`` numbered in order of first occurrence: per record its number, and per number the
+    record where it first occurs."""
+    numbers, distinct = pd.factorize(np.asarray(codes, dtype=np.int64))  # hashed: numbered as first met
+    firsts = np.full(len(distinct), len(numbers), dtype=np.int64)
+    np.minimum.at(firsts, numbers, np.arange(len(numbers), dtype=np.int64))
+    return numbers.astype(np.int64, copy=False), firsts
+
+
+def value_pair_counts(values: pd.Series, labels: pd.Series) -> pd.DataFrame:
+    """Records per (value, label), pairs in order of first occurrence, a missing value counted as a value:
+    ``DataFrame({"value": values.to_numpy(), "label": labels.to_numpy()}).value_counts(sort=False,
+    dropna=False).rename("records").reset_index()``, with one record per pair converted to NumPy."""
+    value_codes, _ = pd.factorize(values, use_na_sentinel=False)
+    label_codes, label_uniques = pd.factorize(labels, use_na_sentinel=False)
+    numbers, rows = first_occurrences(value_codes.astype(np.int64) * max(len(label_uniques), 1) + label_codes)
+    frame = pd.DataFrame({"value": values.iloc[rows].to_numpy(), "label": labels.iloc[rows].to_numpy()})
+    frame["records"] = np.bincount(numbers, minlength=len(rows)).astype(np.int64)
+    return frame
+
+
+def column_codes(frame: pd.DataFrame, columns: list[str]) -> dict[str, tuple[np.ndarray, int]]:
+    """Per column, its values' codes (a missing value counted as a value) and how many distinct values it
+    has: factorised once for every combination that uses the column (:func:`combination_codes`)."""
+    result = {}
+    for column in columns:
+        codes, distinct = pd.factorize(frame[column], use_na_sentinel=False)
+        result[column] = (codes.astype(np.int64, copy=False), len(distinct))
+    return result
+
+
+def combination_codes(codes: dict[str, tuple[np.ndarray, int]], columns: list[str], rows: int) -> np.ndarray:
+    """One int64 code per row (of ``rows``) for its combination of values in ``columns`` (equal combinations
+    get equal codes), from the columns' :func:`column_codes`, renumbered after each column so that the codes
+    stay below rows × distinct values. With :func:`first_occurrences`, the groups of
+    ``frame.groupby(columns, sort=False, dropna=False, observed=True).ngroup()``, without the groups' index."""
+    combined = np.zeros(rows, dtype=np.int64)
+    for column in columns:
+        column_code, distinct = codes[column]
+        combined, _ = pd.factorize(combined * max(distinct, 1) + column_code)
+    return combined.astype(np.int64, copy=False)
+
+
+def by_target(targets: np.ndarray) -> tuple[np.ndarray, list[tuple[int, slice]]]:
+    """Rows grouped by their target (a partition, a range, a shard) in one pass: ``order`` sorts them by
+    target, stably (each target's rows keep their order), and per target present, the slice of ``order``
+    that holds its rows. Gathering the rows once in ``order`` and slicing costs one copy of the rows, where a
+    mask per target cost a pass over every row and column per target."""
+    order = np.argsort(targets, kind="stable")
+    present, starts = np.unique(targets[order], return_index=True)
+    ends = np.append(starts[1:], len(order))
+    return order, [(int(target), slice(int(start), int(end))) for target, start, end in zip(present, starts, ends)]

@@ -1,0 +1,158 @@
+"""The partition stages' faster helpers give exactly what the code they replaced gave (issue 25).
+
+Each helper is compared with the plain formulation it stands for, on inputs that reach its edge cases:
+missing values, absent classes, ties, a single target, and the fall-back paths.
+"""
+
+import numpy as np
+import pandas as pd
+import pytest
+
+from kepsilon.engine.hierarchy import ClassRuns, Hierarchy, lowest_common_levels
+from kepsilon.engine.suppress import ClassSortedValues
+from kepsilon.tasks.counting import first_occurrences, value_pair_counts
+from kepsilon.tasks.partitioned import by_target
+
+RNG = np.random.default_rng(25)
+
+
+def _hierarchy(leaves: int, fan: list[int]) -> Hierarchy:
+    """A hierarchy of ``leaves`` leaves whose level l groups ``fan[l - 1]`` consecutive labels of level l - 1."""
+    codes = [np.arange(leaves, dtype=np.int64)]
+    for width in fan:
+        codes.append(codes[-1] // width)
+    codes.append(np.zeros(leaves, dtype=np.int64))
+    labels = tuple(np.array([f"{level}:{code}" for code in level_codes], dtype=object) for level, level_codes in enumerate(codes))
+    label_codes = tuple(pd.factorize(level_labels)[0].astype(np.int64) for level_labels in labels)
+    return Hierarchy("column", pd.Index(labels[0]), labels, label_codes, "sha")
+
+
+def _scattered_levels(leaf_codes: np.ndarray, class_ids: np.ndarray, hierarchy: Hierarchy) -> np.ndarray:
+    """The lowest common level as it was computed before (a scatter per level with ``np.minimum.at``)."""
+    n_classes = int(class_ids.max()) + 1
+    result = np.full(n_classes, hierarchy.height - 1, dtype=np.int64)
+    settled = np.zeros(n_classes, dtype=bool)
+    for level in range(hierarchy.height):
+        codes = hierarchy.label_codes[level][leaf_codes]
+        low = np.full(n_classes, np.iinfo(np.int64).max)
+        high = np.full(n_classes, np.iinfo(np.int64).min)
+        np.minimum.at(low, class_ids, codes)
+        np.maximum.at(high, class_ids, codes)
+        uniform = (low == high) & ~settled
+        result[uniform] = level
+        settled |= uniform
+    return result
+
+
+@pytest.mark.parametrize("classes", [1, 7, 400])
+def test_lowest_common_levels_by_runs_are_the_scattered_ones(classes):
+    hierarchy = _hierarchy(60, [3, 4])
+    class_ids = RNG.integers(0, classes, 5_000)
+    class_ids[class_ids == classes // 2] = 0  # a class without members keeps the top level
+    leaf_codes = (class_ids * 7 + RNG.integers(0, 3, len(class_ids))) % 60  # some classes agree low, some high
+    expected = _scattered_levels(leaf_codes, class_ids, hierarchy)
+    assert np.array_equal(lowest_common_levels(leaf_codes, class_ids, hierarchy), expected)
+    assert np.array_equal(lowest_common_levels(leaf_codes, class_ids, hierarchy, ClassRuns.of(class_ids)), expected)
+
+
+def test_class_sorted_positions_are_the_row_order_searches():
+    dense = RNG.integers(0, 50, 20_000)
+    values = RNG.integers(0, 40, len(dense)).astype(np.float64)  # many ties
+    bounds = values + RNG.normal(0, 5, len(dense))
+    index = ClassSortedValues(dense, values)
+    for inclusive in (False, True):
+        ranks = np.searchsorted(index.distinct, bounds, side="right" if inclusive else "left")
+        expected = np.searchsorted(index.keys, dense * index.width + ranks, side="left")
+        assert np.array_equal(index.position(dense, bounds, inclusive), expected)
+
+
+def _value_counts(values: pd.Series, labels: pd.Series) -> pd.DataFrame:
+    return (pd.DataFrame({"value": values.to_numpy(), "label": labels.to_numpy()})
+            .value_counts(sort=False, dropna=False).rename("records").reset_index())
+
+
+@pytest.mark.parametrize("kind", ["str", "object", "category", "int", "float"])
+def test_value_pair_counts_are_value_counts(kind):
+    rows = 3_000
+    texts = np.array(["b", "a", None, "007", "c"], dtype=object)[RNG.integers(0, 5, rows)]
+    values = {
+        "str": pd.Series(texts, dtype=str),
+        "object": pd.Series(texts, dtype=object),
+        "category": pd.Series(texts, dtype="category"),
+        "int": pd.Series(RNG.integers(0, 9, rows)),
+        "float": pd.Series(np.where(RNG.random(rows) < 0.1, np.nan, RNG.integers(0, 9, rows).astype(float))),
+    }[kind]
+    labels = pd.Series(np.array(["x", "*", "y"], dtype=object)[RNG.integers(0, 3, rows)], dtype=str)
+    pd.testing.assert_frame_equal(value_pair_counts(values, labels), _value_counts(values, labels), check_exact=True)
+    empty = pd.Series([], dtype=str)
+    pd.testing.assert_frame_equal(value_pair_counts(empty, empty), _value_counts(empty, empty), check_exact=True)
+
+
+def test_first_occurrences_number_codes_as_first_met():
+    codes = np.array([5, 3, 5, 9, 3, 1], dtype=np.int64)
+    numbers, firsts = first_occurrences(codes)
+    assert numbers.tolist() == [0, 1, 0, 2, 1, 3]
+    assert firsts.tolist() == [0, 1, 3, 5]
+
+
+@pytest.mark.parametrize("targets", [np.array([2, 0, 2, 1, 0, 2]), np.zeros(4, dtype=np.int64), np.zeros(0, dtype=np.int64)])
+def test_rows_by_target_are_the_masks(targets):
+    order, runs = by_target(targets)
+    assert [target for target, _ in runs] == np.unique(targets).tolist()
+    for target, rows in runs:
+        assert order[rows].tolist() == np.flatnonzero(targets == target).tolist()
+
+
+def test_a_records_class_is_found_by_hash_or_by_its_values(tmp_path):
+    from kepsilon.tasks.partitioned import _classes_in_shard
+    from kepsilon.tasks.scratch import Scratch
+    from kepsilon.tasks.shards import SHARD_KEYS, tuple_hashes, write_shard_classes
+
+    scratch = Scratch.new(tmp_path / "scratch")
+    columns = ["ZIP", "SEX"]
+    tuples = pd.DataFrame({"ZIP": pd.array(["00501", "10001", None, "10001"], dtype=str),
+                           "SEX": pd.array(["F", "F", "M", "M"], dtype=str)})
+    class_of_tuple = np.array([3, 0, 2, 1], dtype=np.int64)
+    write_shard_classes(scratch, 0, tuples, class_of_tuple, columns)
+    frame = tuples.iloc[[3, 0, 2, 2, 1]].reset_index(drop=True)
+    rows = np.arange(len(frame))
+    expected = [1, 3, 2, 2, 0]
+    hashes = tuple_hashes(frame, columns)
+    assert _classes_in_shard(scratch, 0, frame, columns, rows, hashes).tolist() == expected
+    keys, classes = scratch.read(SHARD_KEYS, 0)
+    scratch.write((np.zeros_like(keys), classes), SHARD_KEYS, 0)  # every tuple's hash the same: matched on values
+    assert _classes_in_shard(scratch, 0, frame, columns, rows, hashes).tolist() == expected
+    scratch.write((keys + np.uint64(1), classes), SHARD_KEYS, 0)  # no record's hash found: matched on values
+    assert _classes_in_shard(scratch, 0, frame, columns, rows, hashes).tolist() == expected
+    stranger = pd.DataFrame({"ZIP": pd.array(["99999"], dtype=str), "SEX": pd.array(["F"], dtype=str)})
+    with pytest.raises(RuntimeError, match="missing from the table's histogram"):
+        _classes_in_shard(scratch, 0, stranger, columns, np.arange(1), tuple_hashes(stranger, columns))
+
+
+@pytest.mark.parametrize("columns", [["A"], ["A", "B"], ["B", "C", "A"]])
+def test_combination_codes_number_the_groups_as_groupby(columns):
+    from kepsilon.tasks.counting import column_codes, combination_codes
+
+    rows = 2_000
+    frame = pd.DataFrame({
+        "A": pd.Series(np.array(["x", "y", None, "z"], dtype=object)[RNG.integers(0, 4, rows)], dtype=str),
+        "B": pd.Series(np.array(["1", "2", "3"], dtype=object)[RNG.integers(0, 3, rows)], dtype="category"),
+        "C": pd.Series(np.where(RNG.random(rows) < 0.1, np.nan, RNG.integers(0, 5, rows).astype(float))),
+    })
+    numbers, _ = first_occurrences(combination_codes(column_codes(frame, ["C", "A", "B"]), columns, rows))
+    expected = frame.groupby(columns, sort=False, dropna=False, observed=True).ngroup().to_numpy()
+    assert np.array_equal(numbers, expected)
+
+
+@pytest.mark.parametrize("spread", [1, 3, 50])
+def test_keyed_words_block_by_block_are_the_generators(spread):
+    from kepsilon.engine import randomness
+
+    key = int.from_bytes(RNG.bytes(16), "little")
+    positions = RNG.choice(2_000 * spread, 2_000, replace=False)  # close together (runs) or spread thin (block by block)
+    expected = np.random.Philox(key=key, counter=0).random_raw(4 * 2_000 * spread).reshape(-1, 4)[positions, 0]
+    assert np.array_equal(randomness._keyed_words(key, positions), expected)
+    assert np.array_equal(randomness._philox_first_words(key, positions), expected)
+    far = np.array([2**40, 2**62], dtype=np.int64)  # a block's word depends on its counter alone, however large
+    assert randomness._philox_first_words(key, far).tolist() == [
+        int(np.random.Philox(key=key, counter=int(p)).random_raw(4)[0]) for p in far]
