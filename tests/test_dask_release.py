@@ -303,12 +303,15 @@ def unsealed_seed(store, release_id: str) -> bytes:
     return unseal_seed(store, release_id=release_id, by="test", reason="compare the engines")
 
 
+# make test runs two whole flows on a cluster: a CSV with quotes, line breaks and missing values under ℓ-diversity,
+# and the typed Parquet dataset under OLA. make test-heavy adds one partition on one worker, the dataset on one
+# worker, and OLA on the CSV sample; the stage tests above run every source at several partition counts.
 FLOW_CASES = [
-    # One partition on one worker: what the other cases do with more of both (make test-heavy runs it).
     pytest.param(1, "sample", 1, {}, marks=pytest.mark.heavy),
-    (1, "dataset", 4, {}),
+    pytest.param(1, "dataset", 4, {}, marks=pytest.mark.heavy),
     (2, "tricky", 3, {"sensitive": [{"column": "RELIGION", "l_diversity": {"l": 2}}, "ICD"]}),
-    (2, "sample", 5, {"algorithm": "ola"}),
+    pytest.param(2, "sample", 5, {"algorithm": "ola"}, marks=pytest.mark.heavy),
+    (2, "dataset", 5, {"algorithm": "ola"}),
 ]
 
 
