@@ -71,6 +71,30 @@ def release_table(results: list[dict]) -> str:
     return "\n".join(rows)
 
 
+def fine_table(fine: dict) -> str:
+    """`make bench-scale`'s fine-grained series: the fixed-cost case, then each size, with every process's peak.
+
+    A worker the nanny replaced during a case shows with its successor's peak ("then replaced by …"), and that
+    case's partition work is not given: the replaced process's CPU counter restarted, so the figure measures nothing.
+    """
+    rows = ["| case | rows | distinct tuples | classes | partitions | wall | flow process | scheduler | each worker | "
+            "Prefect server | partition work |",
+            "|---|---:|---:|---:|---:|---:|---:|---:|---|---:|---:|"]
+    for case in [fine["fixed_cost_case"], *fine["cases"]]:
+        peaks = case["peak_rss_mb"]
+        workers = " / ".join(f"{mb:,.0f}" for name, mb in sorted(peaks.items()) if name.startswith("dask-worker-"))
+        successors = [mb for name, mb in peaks.items() if name.startswith("service-child-")]
+        if successors:
+            workers += " MB, then replaced by " + " / ".join(f"{mb:,.0f}" for mb in successors)
+        work = case["partition_work"]["us_per_record_per_core_cpu"]
+        rows.append(
+            f"| `{case['name']}` | {case['rows']:,} | {case['distinct_tuples']:,} | {case['classes']:,} | "
+            f"{case['partitions']} | {case['seconds']:.1f} s | {peaks['flow (kepsilon release)']:,.0f} MB | "
+            f"{peaks['dask-scheduler']:,.0f} MB | {workers} MB | {peaks['prefect-server']:,.0f} MB | "
+            f"{'not measured' if successors or work < 0 else f'{work:.1f} µs'} |")
+    return "\n".join(rows)
+
+
 def tables() -> dict[str, Callable[[], str]]:
     """Each marked table of the page and how to render it from the result files."""
     return {
@@ -78,6 +102,7 @@ def tables() -> dict[str, Callable[[], str]]:
         "bench-ola": lambda: ola_table(_load(RESULTS)),
         "bench-releases": lambda: release_table(_load(RESULTS)),
         "bench-scale": lambda: release_table(_scale_series()),
+        "bench-scale-fine": lambda: fine_table(json.loads(SCALE_RESULTS.read_text(encoding="utf-8"))["fine"]),
     }
 
 

@@ -662,6 +662,9 @@ def _write_results(key: str, value) -> None:
         current = {"series": current}
     current[key] = value
     RESULTS.write_text(json.dumps(current, indent=2) + "\n", encoding="utf-8")
+    from benchmarks.doc_tables import rewrite  # docs/performance.md's marked tables show what was just measured
+
+    rewrite()
 
 
 def main() -> None:
