@@ -620,6 +620,7 @@ def run_fine(sizes: list[int], workers: int, memory_limit: str) -> dict:
     os.chmod(folder, 0o700)
     results: dict = {"machine": machine(), "workers": workers, "threads_per_worker": 1, "worker_memory_limit": memory_limit,
                      "recorded_at": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()), "cases": []}
+    completed = False
     try:
         with Services(folder, workers, memory_limit) as services:
             # A first small release warms the services (the server's database, the workers' imports), as
@@ -636,9 +637,39 @@ def run_fine(sizes: list[int], workers: int, memory_limit: str) -> dict:
                 print(fine_report(results["cases"][-1:]), flush=True)
                 results["fixed_and_per_record"] = fixed_and_per_record(results["cases"], results["fixed_cost_case"])
                 _write_results("fine", results)
+        completed = True
     finally:
+        kept = _keep_cluster_log(folder, results, completed)
+        if kept is not None:
+            print(f"a worker was replaced or the series stopped: the cluster's log is kept in {kept}", flush=True)
         shutil.rmtree(folder, ignore_errors=True)
     return results
+
+
+def _replaced_workers(case: dict) -> bool:
+    """Whether a worker was replaced during the case: a new process under the workers' nanny (``service-child-…``)."""
+    return any(role.startswith("service-child-") for role in case.get("peak_rss_mb", {}))
+
+
+def _keep_cluster_log(folder: Path, results: dict, completed: bool) -> Path | None:
+    """The scheduler's and workers' log, copied out of the services' folder before it is removed, when a
+    worker was replaced (the nanny says why: a memory limit, a crash) or the series did not finish.
+
+    Kept under ``benchmarks/.logs/`` (ignored by git), 0600 in a 0700 folder: the log names the machine's
+    processes and addresses, never a record's value, but it is the operator's, not the project's.
+    """
+    log = folder / "dask.log"
+    cases = [results.get("warm_up", {}), results.get("fixed_cost_case", {}), *results["cases"]]
+    if not log.exists() or (completed and not any(_replaced_workers(case) for case in cases)):
+        return None
+    logs = Path(__file__).resolve().parent / ".logs"
+    logs.mkdir(mode=0o700, exist_ok=True)
+    os.chmod(logs, 0o700)
+    kept = logs / f"scale-{results['recorded_at'].replace(':', '')}-dask.log"
+    descriptor = os.open(kept, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
+    with os.fdopen(descriptor, "wb") as copy:
+        copy.write(log.read_bytes())
+    return kept
 
 
 def fine_report(cases: list[dict]) -> str:
