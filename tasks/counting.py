@@ -10,6 +10,8 @@ order and types.
 import numpy as np
 import pandas as pd
 
+from kepsilon.engine.hierarchy import ClassRuns
+
 
 def first_occurrences(codes: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
     """Distinct ``codes`` numbered in order of first occurrence: per record its number, and per number the
@@ -59,7 +61,7 @@ def by_target(targets: np.ndarray) -> tuple[np.ndarray, list[tuple[int, slice]]]
     target, stably (each target's rows keep their order), and per target present, the slice of ``order``
     that holds its rows. Gathering the rows once in ``order`` and slicing costs one copy of the rows, where a
     mask per target cost a pass over every row and column per target."""
-    order = np.argsort(targets, kind="stable")
-    present, starts = np.unique(targets[order], return_index=True)
-    ends = np.append(starts[1:], len(order))
-    return order, [(int(target), slice(int(start), int(end))) for target, start, end in zip(present, starts, ends)]
+    runs = ClassRuns.of(np.asarray(targets))  # the same stable sort and runs as the classes' labels use
+    ends = np.append(runs.starts[1:], len(runs.order))
+    return runs.order, [(int(target), slice(int(start), int(end)))
+                        for target, start, end in zip(runs.classes, runs.starts, ends)]

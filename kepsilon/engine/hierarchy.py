@@ -155,14 +155,10 @@ class ClassRuns:
     @classmethod
     def of(cls, class_ids: np.ndarray) -> "ClassRuns":
         order = np.argsort(class_ids, kind="stable")
-        return cls.sorted(class_ids[order], order)
-
-    @classmethod
-    def sorted(cls, sorted_ids: np.ndarray, order: np.ndarray) -> "ClassRuns":
-        """The runs of ``sorted_ids`` (class ids already in ``order``'s order, so grouped)."""
-        starts = np.flatnonzero(np.concatenate([[True], sorted_ids[1:] != sorted_ids[:-1]])) if len(sorted_ids) else \
+        grouped = class_ids[order]
+        starts = np.flatnonzero(np.concatenate([[True], grouped[1:] != grouped[:-1]])) if len(grouped) else \
             np.zeros(0, dtype=np.int64)
-        return cls(order, starts, sorted_ids[starts])
+        return cls(order, starts, grouped[starts])
 
 
 def lowest_common_levels(
