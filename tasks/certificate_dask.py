@@ -54,7 +54,14 @@ from .certificate import (
     source_uniqueness_of_size_counts,
     timed_attempts,
 )
-from .counting import by_target, column_codes, combination_codes, first_occurrences, value_pair_counts
+from .counting import (
+    by_target,
+    column_codes,
+    combination_codes,
+    first_occurrences,
+    slices_by_target,
+    value_pair_counts,
+)
 from .errors import InputError, SpecError
 
 Each = Callable[[str, Callable, list[tuple]], list]  # as tasks/shards.py: a task per argument tuple
@@ -300,11 +307,9 @@ def send_projections(scratch, bucket: int, combinations: list[tuple[str, ...]], 
     outgoing: list[dict] = [{} for _ in range(buckets)]
     for number, combination in enumerate(combinations):
         _, values, records, owner = _projections(shard, combination, buckets, codes)
-        order, runs = by_target(owner)
+        order, slices = slices_by_target(owner, buckets)
         values, records = values.iloc[order].reset_index(drop=True), records[order]  # owner by owner, in order
-        rows_of = dict(runs)
-        for target in range(buckets):
-            rows = rows_of.get(target, slice(0, 0))
+        for target, rows in enumerate(slices):
             outgoing[target][number] = (values.iloc[rows].reset_index(drop=True), records[rows])
     for target in range(buckets):
         scratch.write(outgoing[target], PROJECTIONS, target, bucket)

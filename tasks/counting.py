@@ -65,3 +65,13 @@ def by_target(targets: np.ndarray) -> tuple[np.ndarray, list[tuple[int, slice]]]
     ends = np.append(runs.starts[1:], len(runs.order))
     return runs.order, [(int(target), slice(int(start), int(end)))
                         for target, start, end in zip(runs.classes, runs.starts, ends)]
+
+
+def slices_by_target(targets: np.ndarray, count: int) -> tuple[np.ndarray, list[slice]]:
+    """:func:`by_target` for targets numbered 0..count-1: ``order``, and for every target its slice of it
+    (empty for a target no row goes to), indexed by the target."""
+    order, runs = by_target(targets)
+    slices = [slice(0, 0)] * count
+    for target, rows in runs:
+        slices[target] = rows
+    return order, slices

@@ -47,7 +47,7 @@ from kepsilon.engine.randomness import RecordStreams
 from kepsilon.flows.spec import ReleaseSpec
 
 from .certificate_dask import WRITTEN_GROUPS
-from .counting import by_target
+from .counting import slices_by_target
 from .figure_inputs import ErrorExtremes, Extent, SizeCounts
 from .partitioned import (
     PARTITION_RETRIES,
@@ -107,13 +107,9 @@ def split_groups(groups: GroupCounts, buckets: int) -> list[GroupCounts]:
 
 
 def _bucket_slices(keys: np.ndarray, buckets: int) -> tuple[np.ndarray, list[slice]]:
-    """The rows of ``keys`` sorted by bucket (stably: ``by_target``), and each bucket's slice of that order
-    (empty for a bucket none of the keys falls in)."""
-    order, runs = by_target(group_buckets(keys, buckets))
-    slices = [slice(0, 0)] * buckets
-    for bucket, rows in runs:
-        slices[bucket] = rows
-    return order, slices
+    """The rows of ``keys`` sorted by bucket (stably), and each bucket's slice of that order (empty for a
+    bucket none of the keys falls in)."""
+    return slices_by_target(group_buckets(keys, buckets), buckets)
 
 
 def write_by_bucket(scratch: Scratch, groups: GroupCounts, name: str, index: int, buckets: int) -> None:

@@ -10,8 +10,7 @@ import pytest
 
 from kepsilon.engine.hierarchy import ClassRuns, Hierarchy, lowest_common_levels
 from kepsilon.engine.suppress import ClassSortedValues
-from kepsilon.tasks.counting import first_occurrences, value_pair_counts
-from kepsilon.tasks.partitioned import by_target
+from kepsilon.tasks.counting import by_target, first_occurrences, slices_by_target, value_pair_counts
 
 RNG = np.random.default_rng(25)
 
@@ -101,6 +100,8 @@ def test_rows_by_target_are_the_masks(targets):
     assert [target for target, _ in runs] == np.unique(targets).tolist()
     for target, rows in runs:
         assert order[rows].tolist() == np.flatnonzero(targets == target).tolist()
+    order, slices = slices_by_target(targets, 4)  # target 3 never occurs: an empty slice
+    assert [order[rows].tolist() for rows in slices] == [np.flatnonzero(targets == t).tolist() for t in range(4)]
 
 
 def test_a_records_class_is_found_by_hash_or_by_its_values(tmp_path):
