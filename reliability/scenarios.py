@@ -1303,6 +1303,13 @@ def variable_matrix(results: Results, env: dict, base: Path, source: Path, value
     return table
 
 
+def _told_published(out: str, err: str) -> bool:
+    """Whether a run that exits 0 says it is not the publisher: it arrived after the release was published, or
+    the busy Prefect server failed its client and the store it then read says the release is published."""
+    said = _flat(out + err)
+    return "already published" in said or ("the audit store says" in said and "published at" in said)
+
+
 def same_id_race(results: Results, env: dict, base: Path, source: Path, processes: int = 3, trials: int = 5) -> list[dict]:
     """``processes`` runs of one release (same spec, same id) started together, ``trials`` times.
 
@@ -1324,15 +1331,9 @@ def same_id_race(results: Results, env: dict, base: Path, source: Path, processe
         kinds = ledger_kinds(db, "same-id")
         unseals = rows(db, "SELECT COUNT(*) FROM unseal_events")[0][0] if db.exists() else 0
         label = f"trial {trial + 1}: {processes} processes, one release id"
-        # A run that is not the publisher and exits 0 says so: it arrived after the release was published, or the
-        # busy Prefect server failed its client and the store it then read says the release is published.
-        def told(out: str, err: str) -> bool:
-            said = _flat(out + err)
-            return "already published" in said or ("the audit store says" in said and "published at" in said)
-
-        published = [code for code, out, err in outcomes if code == 0 and not told(out, err)]
+        published = [code for code, out, err in outcomes if code == 0 and not _told_published(out, err)]
         refused = [err for code, out, err in outcomes if code == 2]
-        late = [out for code, out, err in outcomes if code == 0 and told(out, err)]
+        late = [out for code, out, err in outcomes if code == 0 and _told_published(out, err)]
         results.add(RACE_ID_CATEGORY, f"{label}: exactly one run publishes", len(published) == 1,
                     f"published {len(published)}, refused {len(refused)}, already published {len(late)}, "
                     f"exit codes {[c for c, _, _ in outcomes]}")
