@@ -114,7 +114,12 @@ class MemoryEngine:
 
     def anonymise(self, spec: ReleaseSpec, store: str, key: str, record: ReleaseRecord, output_dir: str) -> Spend:
         model = DpInMemory() if spec.privacy_model == "dp" else KEpsilonInMemory()
-        return model.anonymise(spec, store, key, self.table, record, output_dir)
+        spend = model.anonymise(spec, store, key, self.table, record, output_dir)
+        # The checks' library (Great Expectations, 1.3-1.6 s to import) is loaded here, once the records' own
+        # refusals have passed and before ε is reserved: a release refused by its data answers without it, and
+        # an installation where it cannot load fails before any budget is reserved, not after the noise.
+        import kepsilon.tasks.validate  # noqa: F401
+        return spend
 
     def discard(self, spec: ReleaseSpec, output_dir: str, failure: BaseException) -> None:
         pass  # the in-memory path stages its files only after its checks pass: nothing to remove
@@ -231,9 +236,7 @@ def _perturb_check_stage(
     # Private: the officer's certificate's risk models and utility report (docs/certificate.md).
     record["certificate"] = certificate_figures(spec, table, partition, kept, class_ids, perturbation.frame, suppression.removed)
 
-    # Great Expectations takes 1.3-1.6 s to import: only a release that reaches its checks pays for it, so
-    # a refusal before ε answers without it.
-    from kepsilon.tasks.validate import check_release, validation_failure
+    from kepsilon.tasks.validate import check_release, validation_failure  # loaded before ε: MemoryEngine.anonymise
 
     validation = _in_stage(
         "validate",
@@ -283,7 +286,7 @@ def _dp_check_stage(
     # Private: the officer's certificate's risk models and utility report (docs/certificate.md).
     record["certificate"] = dp_certificate_figures(spec, table.frame, dp_plan, release, outcome.rows)
 
-    from kepsilon.tasks.validate import check_dp_release, validation_failure  # imported late: see _perturb_check_stage
+    from kepsilon.tasks.validate import check_dp_release, validation_failure  # loaded before ε: MemoryEngine.anonymise
 
     validation = check_dp_release(release, spec, outcome.report["rows_sampled"], outcome.report["rows_suppressed"])
     record["checks"] = validation.checks

@@ -594,3 +594,16 @@ def test_an_in_memory_release_reports_each_stage_and_its_run_reaches_100_percent
             flow_run_id=ArtifactFilterFlowRunId(any_=[record["execution"]["flow_run_id"]]),
             type=ArtifactFilterType(any_=["progress"])))
     assert [artifact.data for artifact in artifacts] == [100.0]
+
+
+def test_a_checks_library_that_cannot_load_fails_before_any_reservation(store, synthetic_spec_dict, monkeypatch):
+    """Great Expectations is loaded after the records' refusals, not at import (a refusal answers sooner), but
+    still before ε is reserved: an installation where it cannot load reserves and spends nothing."""
+    import sys
+
+    monkeypatch.setitem(sys.modules, "kepsilon.tasks.validate", None)  # `import` of it now raises ImportError
+    with pytest.raises(ImportError):
+        governed_release(parse_spec(synthetic_spec_dict))
+    assert store.execute("SELECT COUNT(*) FROM ledger WHERE kind IN ('reserve', 'spend')").fetchone()[0] == 0
+    assert remaining(store, "test-population") == pytest.approx(5.0)
+    assert not (Path(synthetic_spec_dict["output_dir"]) / synthetic_spec_dict["release_id"]).exists()
