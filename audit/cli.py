@@ -1,13 +1,16 @@
 """``kepsilon audit …``: the privacy officers' questions and the few attributed writes they need.
 
 Read commands answer governance.md's questions 1–10 with ``--format table|csv|json``; write commands
-(set-cap, approve, unseal, checkpoint) each record who and why. A seed is never printed unless asked
-for explicitly with ``--out -``.
+(set-cap, approve, unseal, checkpoint, retire-head-log) each record who and why. A seed is never printed
+unless asked for explicitly with ``--out -``.
 
-Every command but ``verify`` first runs the same store check as a release (``integrity.check_store``):
-an answer from a tampered or rolled-back store would mislead, and a write would build on it. A store
-that fails it, or that SQLite cannot read or write, is refused with one line on stderr and exit code 2,
-never a traceback; ``verify`` lists every problem, then says so the same way.
+Every command but ``verify`` and ``retire-head-log`` first runs the same store check as a release
+(``integrity.check_store``): an answer from a tampered or rolled-back store would mislead, and a write would
+build on it. A store that fails it, or that SQLite cannot read or write, is refused with one line on stderr
+and exit code 2, never a traceback; ``verify`` lists every problem, then says so the same way.
+``retire-head-log`` is the way out of one refusal only — a store removed on purpose, whose head log still
+records its chain — and runs the store's own checks without the log (``integrity.inspect_chain``): it is
+refused for a store with chain entries or one that fails them.
 """
 
 from __future__ import annotations
@@ -37,7 +40,16 @@ from .approvals import approval_fields
 from .approvals import approve as record_approval
 from .chain import chain_head, write_checkpoint
 from .errors import sqlite_cause, unavailable
-from .integrity import check_store, inspect_store
+from .headlog import (
+    ENV_HEAD_LOG,
+    check_head_log_place,
+    head_log_named,
+    head_log_path,
+    head_log_place,
+    latest_head,
+    retire_head_log,
+)
+from .integrity import RETIRE_HINT, check_store, inspect_chain, inspect_store
 from .ledger import budget as budget_state
 from .ledger import cap_fields
 from .ledger import set_cap as record_cap
@@ -93,8 +105,25 @@ def _path(ctx: typer.Context, *, create: bool = False) -> Path:
     except KepsilonError as error:
         _fail(error)
     if not create and not path.exists():
-        _fail(KepsilonError(f"no audit store at {str(path)!r} (use --db or env KEPSILON_AUDIT_DB)"))
+        _fail(KepsilonError(_no_store(path)))
     return path
+
+
+def _no_store(path: Path) -> str:
+    """Why a read finds no store: none at that path, or one removed while its head log remains (then every
+    release is refused as rolled back, and the line names the way out)."""
+    missing = f"no audit store at {str(path)!r}"
+    log = head_log_path(path)
+    if not os.path.lexists(log):
+        return f"{missing} (use --db or env KEPSILON_AUDIT_DB)"
+    try:
+        latest = latest_head(log)
+    except OSError as error:
+        recorded = f"it cannot be read: {type(error).__name__}"
+    else:
+        recorded = "no readable line" if latest is None else f"it recorded {latest.entries} chain entries, the last at {latest.at}"
+    return (f"{missing}, but {head_log_named(log)} remains ({recorded}): a release there is refused. "
+            f"Put the store back (or use --db or env KEPSILON_AUDIT_DB), or, {RETIRE_HINT}")
 
 
 @contextlib.contextmanager
@@ -384,6 +413,54 @@ def verify(
     _emit(rows, format, "Audit store: intact" if inspection.ok else "Audit store: BROKEN")
     if not inspection.ok:
         _fail(KepsilonError(inspection.summary(hint="the problems are listed above")))
+
+
+@audit_app.command("retire-head-log")
+def retire_head_log_command(
+    ctx: typer.Context,
+    by: Annotated[str | None, typer.Option(help="who retires the head log (recorded in it)")] = None,
+    reason: Annotated[str | None, typer.Option(help="why: the store was removed on purpose (recorded in it)")] = None,
+) -> None:
+    """Start from nothing after removing the store on purpose: move its head log aside, recording who and why.
+
+    Allowed only while the store is missing or has no chain entries (a store with entries is checked against
+    its log, never released from it). The log is kept beside itself as <log>.retired-<UTC time>, 0600.
+    """
+    by, reason = " ".join((by or "").split()), (reason or "").strip()
+    for option, value, what in (("--by", by, "who retires the head log (a name)"),
+                                ("--reason", reason, "why the store was removed")):
+        if not value:
+            _fail(KepsilonError(f"option {option!r}: give {what}; retiring a head log is recorded"))
+    if by == FLOW_ACTOR:
+        _fail(KepsilonError(f"option '--by': {FLOW_ACTOR!r} is the release flow's own name, not a person's"))
+    path = _path(ctx, create=True)
+    try:
+        log = head_log_path(path)
+        check_head_log_place(log)
+    except KepsilonError as error:
+        _fail(error)
+    if not os.path.lexists(log):
+        _fail(KepsilonError(f"no head log to retire for audit store {str(path)!r}: {head_log_named(log)} does not exist"))
+    inspection = inspect_chain(path)
+    if inspection.entries > 0:
+        _fail(KepsilonError(
+            f"audit store {str(path)!r} has {inspection.entries} chain entries: its head log is retired only for a "
+            "store removed or without a chain, never for one it witnesses; refused — run `kepsilon audit verify`"
+        ))
+    if not inspection.ok:
+        _fail(KepsilonError(inspection.summary(
+            hint="a head log is retired only for a store removed or without a chain; run `kepsilon audit verify`"
+        )))
+    try:
+        retired = retire_head_log(log, by, reason, str(Path(os.path.abspath(path))))
+    except OSError as error:
+        _fail(KepsilonError(f"{head_log_named(log)} cannot be retired ({type(error).__name__}); it is still in place"))
+    held = ("no readable head" if retired.latest is None
+            else f"its most advanced head: {retired.latest.entries} chain entries at {retired.latest.at}")
+    kept = (f"{retired.path.name!r} beside {ENV_HEAD_LOG}" if head_log_place(log) == ENV_HEAD_LOG
+            else repr(str(retired.path)))
+    typer.echo(f"head log of audit store {str(path)!r} retired by {by!r} ({held}); kept as {kept}; "
+               "the store starts from nothing at its next write")
 
 
 @audit_app.command()

@@ -16,6 +16,12 @@ The log is created 0600 (its folder 0700 when this creates it), like the store. 
 chain entries, a missing log is an error (``integrity.py``), never silence.
 Each line is one JSON object written with a single ``write`` on an ``O_APPEND`` descriptor and fsynced,
 so concurrent writers never interleave and a torn last line (a crash mid-write) is simply skipped.
+
+A store removed on purpose (a checkout deleted and cloned again) leaves its log behind, and the log then
+refuses the empty store as rolled back — rightly: a deleted store looks exactly like one wiped to reset spent ε.
+``retire_head_log`` (``kepsilon audit retire-head-log --by NAME --reason TEXT``, allowed only while the store
+has no chain) is the recorded way to start from nothing: the log is kept, renamed ``<log>.retired-<UTC time>``,
+with a last line saying who retired it, why, when and the most advanced head it held.
 """
 
 from __future__ import annotations
@@ -152,6 +158,76 @@ def append_head(path: Path, entries: int, head_hash: str, store: str) -> None:
         _fsync_directory(path.parent)
 
 
+RETIRED = ".retired-"
+RETIRE_COMMAND = "kepsilon audit retire-head-log --by NAME --reason TEXT"
+
+
+@dataclass(frozen=True)
+class RetiredLog:
+    """A retired head log: where its copy now is, and the most advanced head it held (None: no readable line)."""
+
+    path: Path
+    latest: LoggedHead | None
+
+
+def latest_head(path: Path) -> LoggedHead | None:
+    """The most advanced readable head of the log at ``path`` (None when it has none or does not exist);
+    raises ``OSError`` when it exists but cannot be read."""
+    heads, _ = read_heads(path)
+    return max(heads, key=lambda head: head.entries) if heads else None
+
+
+def retire_head_log(path: Path, by: str, reason: str, store: str) -> RetiredLog:
+    """Move the head log at ``path`` aside, beside itself, as ``<name>.retired-<UTC time>``, its last line
+    recording the retirement (who, why, when, the store, the most advanced head it held).
+
+    The caller has made sure the store has no chain (a log is never retired under a store it witnesses).
+    The retired copy is written under a temporary name (0600, fsynced), linked into place — ``link`` never
+    replaces a file, so a retired copy of the same second keeps its name and this one gets ``.1``, ``.2`` —
+    and the folder synced before the log itself is removed: a crash in between leaves both, never neither.
+    The retirement line has no top-level ``entries``, so a reader of heads skips it.
+    Raises ``FileNotFoundError`` when there is no log, ``OSError`` when it cannot be read or moved.
+    """
+    import tempfile
+
+    fd = os.open(path, os.O_RDONLY | os.O_NOFOLLOW)  # a link planted at the log's name is not followed
+    with os.fdopen(fd, "rb") as handle:
+        content = handle.read()
+    heads, _ = _heads_in(content[-_TAIL_BYTES:], len(content) > _TAIL_BYTES)
+    latest = max(heads, key=lambda head: head.entries) if heads else None
+    now = datetime.now(UTC)
+    line = json.dumps({
+        "retired_at": now.strftime("%Y-%m-%dT%H:%M:%S.%fZ"), "by": by, "reason": reason, "store": store,
+        "retired_head": None if latest is None else {"entries": latest.entries, "head_hash": latest.head_hash,
+                                                     "at": latest.at},
+    }, ensure_ascii=False)
+    if content and not content.endswith(b"\n"):
+        content += b"\n"  # a torn last line stays apart from the retirement's
+    fd, temporary = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.retiring-")
+    try:
+        with os.fdopen(fd, "wb") as handle:
+            os.fchmod(handle.fileno(), FILE_MODE)
+            handle.write(content + (line + "\n").encode("utf-8"))
+            handle.flush()
+            os.fsync(handle.fileno())
+        stamp = now.strftime("%Y%m%dT%H%M%SZ")
+        for attempt in range(100):
+            retired = path.with_name(f"{path.name}{RETIRED}{stamp}" + (f".{attempt}" if attempt else ""))
+            try:
+                os.link(temporary, retired)
+                break
+            except FileExistsError:
+                continue
+        else:
+            raise FileExistsError(f"{path.name}{RETIRED}{stamp}")
+    finally:
+        os.unlink(temporary)
+    _fsync_directory(path.parent)
+    path.unlink()
+    _fsync_directory(path.parent)
+    return RetiredLog(retired, latest)
+
+
 def _fsync_directory(directory: Path) -> None:
     try:
         fd = os.open(directory, os.O_RDONLY)
@@ -179,8 +255,13 @@ def read_heads(path: Path) -> tuple[list[LoggedHead], int]:
             data = handle.read()
     except FileNotFoundError:
         return [], 0
+    return _heads_in(data, start > 0)
+
+
+def _heads_in(data: bytes, mid_line: bool) -> tuple[list[LoggedHead], int]:
+    """``read_heads`` of the bytes read; ``mid_line``: they begin inside a line (a tail window)."""
     lines = data.split(b"\n")
-    if start > 0:
+    if mid_line:
         lines = lines[1:]  # begins mid-line
     if not data.endswith(b"\n"):
         lines = lines[:-1]  # torn by a crash mid-write

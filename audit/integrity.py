@@ -45,6 +45,7 @@ from .chain import verify_chain
 from .errors import VERIFY_HINT, StoreCompromised, error_label, sqlite_cause
 from .headlog import (
     ENV_HEAD_LOG,
+    RETIRE_COMMAND,
     LoggedHead,
     adopt_legacy_head_log,
     head_log_named,
@@ -55,7 +56,9 @@ from .headlog import (
 from .store import GENESIS_HASH, busy_timeout_ms, database_file
 from .witness import Witness, compare_with_witnesses, find_witnesses, published_folders
 
-__all__ = ["Inspection", "StoreCompromised", "check_store", "inspect_store"]
+__all__ = ["RETIRE_HINT", "Inspection", "StoreCompromised", "check_store", "inspect_chain", "inspect_store"]
+
+RETIRE_HINT = f"if the store was removed on purpose to start from nothing, retire its head log: {RETIRE_COMMAND}"
 
 # SQLite stops after this many integrity_check messages; a handful is enough to say what is wrong.
 _INTEGRITY_MESSAGES = 5
@@ -161,6 +164,29 @@ def inspect_store(
     heads = _read_log(store_log, inspection) if store_log else []
     witnesses = _published_witnesses(store, manifests_in, population, inspection) if store else None
     _inspect(conn, inspection, heads, store_log, checkpoint, witnesses)
+    return inspection
+
+
+def inspect_chain(path: str | Path) -> Inspection:
+    """The store's own checks (SQLite's integrity check, the hash chain, the signatures) and its chain's length,
+    without its head log, published manifests or checkpoints: what retiring its head log needs to know.
+
+    A missing file is a store with no chain (nothing is created). The head log is left out on purpose: it is
+    what is being retired, and with it a store without a chain always fails as rolled back.
+    """
+    path = Path(path)
+    inspection = Inspection(store=str(path))
+    if not path.exists():
+        return inspection
+    try:
+        conn = sqlite3.connect(f"{path.resolve().as_uri()}?mode=rw", uri=True, timeout=busy_timeout_ms() / 1000)
+    except sqlite3.Error as error:
+        inspection.problems.append(f"the file cannot be opened ({error_label(error)})")
+        return inspection
+    try:
+        _inspect(conn, inspection, [], None, None)
+    finally:
+        conn.close()
     return inspection
 
 
@@ -362,10 +388,14 @@ def _compare_with_log(conn, entries: int, heads: list[LoggedHead], log_path: Pat
         return
     latest = max(heads, key=lambda head: head.entries)
     if entries < latest.entries:
-        what = "has no chain" if conn is None or entries == 0 else f"has {entries} chain entries"
+        if conn is None or entries == 0:
+            # A store removed on purpose looks the same: the refusal names the recorded way out. Never offered
+            # for a store with some entries, which is a real rollback (retire-head-log refuses it anyway).
+            what, cause = "has no chain", f"a deleted -wal file, or an older copy restored; {RETIRE_HINT}"
+        else:
+            what, cause = f"has {entries} chain entries", "a deleted -wal file, or an older copy restored"
         inspection.problems.append(
-            f"rolled back: the store {what}, but its head log recorded {latest.entries} at {latest.at} "
-            "(a deleted -wal file, or an older copy restored)"
+            f"rolled back: the store {what}, but its head log recorded {latest.entries} at {latest.at} ({cause})"
         )
         inspection.head_log = f"behind the log ({entries} < {latest.entries})"
         return

@@ -292,7 +292,7 @@ def test_an_older_copy_put_back_is_a_rollback(built, tmp_path):
         Path(str(built) + suffix).unlink(missing_ok=True)
     shutil.copy(backup, built)
     message = _refused(built)
-    assert "rolled back" in message
+    assert "rolled back" in message and "retire-head-log" not in message
     # The copy under another name has no head log of its own: once a store has entries, that is refused too.
     assert "is missing or empty" in _refused(backup) and "KEPSILON_AUDIT_HEAD_LOG" in _refused(backup)
 
@@ -318,6 +318,7 @@ os._exit(0)  # like a crash: no checkpoint at close, the three commits live only
     message = _refused(db)  # … but not unnoticed
     db.close()
     assert "rolled back" in message and "head log recorded" in message
+    assert "retire-head-log" not in message  # a store with entries, fewer than logged: a real rollback
 
 
 def test_a_chain_longer_than_the_log_is_the_crash_window_and_passes(built):
@@ -348,9 +349,46 @@ def test_a_log_whose_head_differs_at_its_length_is_a_rewrite(built):
     assert "rewritten" in _refused(built)
 
 
-def test_a_store_deleted_while_its_log_remains_is_a_rollback(built):
+RETIRE = "kepsilon audit retire-head-log --by NAME --reason TEXT"
+
+
+def test_a_store_deleted_while_its_log_remains_is_a_rollback_and_the_refusal_names_the_way_out(built):
     built.unlink()
-    assert "rolled back" in _refused(built)
+    message = _refused(built)
+    assert "rolled back: the store has no chain" in message and RETIRE in message
+
+
+def _retire(store: Path, *args: str):
+    return runner.invoke(audit_app, ["--db", str(store), "retire-head-log", *args])
+
+
+def test_a_store_whose_chain_was_emptied_is_never_released_from_its_head_log(built):
+    """No chain entries, but ledger rows nothing chains: a tampered store, not one removed; retiring is refused."""
+    log = head_log_path(built)
+    before = log.read_bytes()
+    _tamper(built, "DELETE FROM chain")
+    line = _one_line_refusal(_retire(built, "--by", "alice", "--reason", "start again"))
+    assert str(built) in line and "retired only for a store removed or without a chain" in line
+    assert log.read_bytes() == before and not list(log.parent.glob("*.retired-*"))
+
+
+def test_a_head_log_the_setting_chose_is_retired_beside_it_and_its_path_is_not_repeated(tmp_path, monkeypatch):
+    monkeypatch.chdir(tmp_path)
+    elsewhere = tmp_path / "other-disk"
+    elsewhere.mkdir(mode=0o700)
+    monkeypatch.setenv(ENV_HEAD_LOG, str(elsewhere / "store.heads"))
+    store = tmp_path / "w" / "audit.db"
+    db = open_store(store)
+    set_cap(db, "pop", 1.0, "alice", "initial")
+    db.close()
+    shutil.rmtree(store.parent)
+    assert RETIRE in _refused(store)
+    done = _retire(store, "--by", "alice", "--reason", "removed on purpose")
+    assert done.exit_code == 0, done.output
+    (retired,) = elsewhere.glob("store.heads.retired-*")
+    assert f"kept as {retired.name!r} beside {ENV_HEAD_LOG}" in done.stdout and str(elsewhere) not in done.stdout
+    assert json.loads(retired.read_bytes().splitlines()[-1])["retired_head"]["entries"] == 2
+    check_store(store)  # starts from nothing
 
 
 def test_a_head_log_that_cannot_be_written_is_reported_after_the_commit(tmp_path, monkeypatch):
