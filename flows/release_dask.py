@@ -53,7 +53,7 @@ from kepsilon.guarantee import Guarantee
 from kepsilon.record import ReleaseRecord
 from kepsilon.tasks.certificate_dask import (
     CERTIFICATE_SKETCHES,
-    WRITTEN_GROUPS,
+    WRITTEN_SIZES,
     dask_certificate_task,
     refuse_risk_over_limits_on_partitions,
     shard_sketches,
@@ -65,13 +65,11 @@ from kepsilon.tasks.group_reduction import (
     FAILING,
     GROUPS,
     WRITTEN,
-    WRITTEN_BUCKETS,
     GroupCheck,
     GroupGate,
     check_groups_task,
     class_figures_task,
     gate_groups_task,
-    gather_written_task,
     perturb_task,
     publish_task,
 )
@@ -542,15 +540,13 @@ def _spend_check_stage(
     record["columns"] = published_columns(meta, spec.roles.names())
     record["disclosure"] = add_disclosure_figures([gate.disclosure for gate in gates])
     # Private: the officer's certificate's figures, by reduction over the partitions (tasks/certificate_dask.py);
-    # the written groups it reads are gathered in the scratch by a worker (they grow with the groups).
-    gather_written_task.submit(root, pieces).result()
-    scratch.remove(WRITTEN_BUCKETS)
+    # of the written groups it reads only their keys and sizes, which the gate's buckets left in the scratch.
     shards_failed = shard_sketches(spec, root, pieces, _on_cluster)
     record["certificate"] = dask_certificate_task.submit(
         spec, root, pieces, pieces, pieces, anonymised.hierarchies, coder,
         record["rows_in"] - written.records, shards_failed,
     ).result()
-    for name in (*CERTIFICATE_SKETCHES, WRITTEN_GROUPS, "shard", "shard-classes"):
+    for name in (*CERTIFICATE_SKETCHES, WRITTEN_SIZES, "shard", "shard-classes"):
         scratch.remove(name)
     validation = _gate(spec, record, gates, criteria, [part.checks for part in published])
     record["checks"] = validation.checks

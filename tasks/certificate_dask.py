@@ -35,6 +35,7 @@ from __future__ import annotations
 
 import time
 from collections.abc import Callable
+from dataclasses import dataclass
 from typing import Any
 
 import numpy as np
@@ -370,7 +371,8 @@ def dask_certificate_figures(spec, scratch, source_pieces: int, parts: int, buck
                              written, coder, suppressed: int, shards_failed: str | None = None) -> dict:
     """The certificate's figures of a Dask release, from the partitions' and shards' sketches and the written groups.
 
-    ``written``: the published groups as recounted from the rows written (``GroupCounts``);
+    ``written``: the published groups as recounted from the rows written (their ``keys`` and ``sizes``:
+    ``GroupSizes``, or a ``GroupCounts``);
     ``suppressed``: every record not published; ``shards_failed``: why :func:`shard_sketches` could
     not run, if it could not. Same structure as ``certificate_figures``; a figure that cannot be
     computed says so and why, it never fails the release.
@@ -478,16 +480,40 @@ def _sample(sketches: list[dict]) -> tuple[pd.DataFrame, pd.DataFrame]:
     return pd.concat(source, ignore_index=True), pd.concat(released, ignore_index=True)
 
 
-WRITTEN_GROUPS = "written-groups"
-"""The scratch name of the published groups' counts (``GroupCounts``) the certificate task reads: passed by
-reference, since they grow with the groups and would otherwise travel inside the task graph."""
+WRITTEN_SIZES = "written-sizes"
+"""The scratch name of one bucket's written groups as the certificate reads them (``GroupSizes``: keys and
+records), written by the gate's reduction (``tasks/group_reduction.gate_groups``), one piece per bucket."""
+
+
+@dataclass
+class GroupSizes:
+    """Published groups' keys, sorted, and their records: all the certificate reads of the written groups (its
+    risk models, the discernibility, the number of classes). 16 bytes a group: the sensitive values' counts
+    (``GroupCounts.values``, one row per group and value, some 50 times larger) stay in their buckets."""
+
+    keys: np.ndarray
+    sizes: np.ndarray
+
+    @classmethod
+    def gather(cls, buckets: list[GroupSizes]) -> GroupSizes:
+        """The buckets' groups in key order (a group lies in exactly one bucket): the keys and sizes
+        ``GroupCounts.add`` gives over the same groups."""
+        keys = np.concatenate([np.zeros(0, dtype=np.int64), *(bucket.keys for bucket in buckets)])
+        sizes = np.concatenate([np.zeros(0, dtype=np.int64), *(bucket.sizes for bucket in buckets)])
+        order = np.argsort(keys, kind="stable")
+        return cls(keys[order], sizes[order])
+
+
+def read_written_sizes(scratch, buckets: int) -> GroupSizes:
+    """Every bucket's ``WRITTEN_SIZES`` gathered in key order."""
+    return GroupSizes.gather([scratch.read(WRITTEN_SIZES, bucket) for bucket in range(buckets)])
 
 
 @task(name="certificate-figures", cache_policy=NO_CACHE, persist_result=False)
 def dask_certificate_task(spec, scratch, source_pieces: int, parts: int, buckets: int, hierarchies: dict, coder,
                           suppressed: int, shards_failed: str | None = None) -> dict:
     """Prefect task: the certificate's figures of a Dask release (reads the sketches and the published
-    groups, ``WRITTEN_GROUPS``, from the scratch; never a shard)."""
-    written = scratch.read(WRITTEN_GROUPS)
+    groups' keys and sizes, ``WRITTEN_SIZES``, from the scratch; never a shard)."""
+    written = read_written_sizes(scratch, buckets)
     return dask_certificate_figures(spec, scratch, source_pieces, parts, buckets, hierarchies, written, coder,
                                     suppressed, shards_failed)

@@ -21,16 +21,18 @@ tables whole — every group's counts added over all partitions — and they gro
   figure's points (at most ``SCATTER_LIMIT`` in all) or counts per hexagon over the extent the flow sends.
 * stage D reads the failing keys from the scratch (not from the task graph) and writes its groups' recount
   per bucket.
-* ``gate_groups`` (per bucket, after stage D): the written groups added up and kept in the scratch for the
-  certificate; the disclosure figures of the bucket (``disclosure_figures``: minima, maxima and counts over
+* ``gate_groups`` (per bucket, after stage D): the written groups added up, their keys and sizes kept in the
+  scratch for the certificate (``WRITTEN_SIZES``); the disclosure figures of the bucket (``disclosure_figures``: minima, maxima and counts over
   groups, so they add up exactly, ``add_disclosure_figures``); the gate's group expectations run by Great
   Expectations on the bucket's table (``validate.validate_groups``); the sizes as a frequency of frequencies.
 
 What reaches the flow: per task a few counts, frequency-of-frequencies arrays (as long as the distinct sizes:
 a few hundred), check booleans, the disclosure figures, the error figure's extremes, points (at most
 ``SCATTER_LIMIT`` over all partitions) or non-empty hexagon cells (at most ~1,500). The failing groups' keys
-stay in the scratch. The certificate's task still reads every written group, on a worker
-(``WRITTEN_GROUPS``, gathered from the buckets by ``gather_written``).
+stay in the scratch. The certificate's task, on a worker, still reads every written group's key and size
+(16 bytes a group, ``certificate_dask.GroupSizes``), never their sensitive values' counts: those are some 50
+times larger (a row per group and value), and gathering them in one task (as a ``written-groups`` task did)
+took a worker past its memory limit at 30M fine-grained rows (docs/performance.md).
 """
 
 from __future__ import annotations
@@ -46,7 +48,7 @@ from kepsilon.engine.criteria import declared, disclosure_figures
 from kepsilon.engine.randomness import RecordStreams
 from kepsilon.flows.spec import ReleaseSpec
 
-from .certificate_dask import WRITTEN_GROUPS
+from .certificate_dask import WRITTEN_SIZES, GroupSizes
 from .counting import slices_by_target
 from .figure_inputs import ErrorExtremes, Extent, SizeCounts
 from .partitioned import (
@@ -70,7 +72,6 @@ GROUPS = "groups"  # scratch: (bucket, class partition) the groups a class parti
 CLASSES = "class-rows"  # scratch: (class partition) its per-class table (``ClassPartition.classes``)
 FAILING = "failing"  # scratch: (bucket) keys of the bucket's groups that fail a declared criterion
 WRITTEN = "written"  # scratch: (bucket, published part) the groups a part wrote, counted again
-WRITTEN_BUCKETS = "written-buckets"  # scratch: (bucket) the groups written, added up (gathered for the certificate)
 STAGES = ("check-groups", "class-figures", "gate-groups")  # the stages this module adds, each once per partition
 
 
@@ -193,10 +194,10 @@ class GroupGate:
 
 
 def gate_groups(scratch: Scratch, bucket: int, parts: int, spec: ReleaseSpec, coder: GroupCoder, criteria: list) -> GroupGate:
-    """The bucket's written groups added up (kept in the scratch for the certificate), their disclosure
-    figures, and the gate's group expectations on them by Great Expectations (``validate_groups``)."""
+    """The bucket's written groups added up (their keys and sizes kept in the scratch for the certificate),
+    their disclosure figures, and the gate's group expectations on them by Great Expectations (``validate_groups``)."""
     written = add_bucket(scratch, WRITTEN, bucket, parts, len(coder.sensitive))
-    scratch.write(written, WRITTEN_BUCKETS, bucket)
+    scratch.write(GroupSizes(written.keys, written.sizes), WRITTEN_SIZES, bucket)
     roles = spec.roles.names()
     weight = weight_column_name([*roles["k_quasi"], *roles["sensitive"]])
     table, per_criterion = gate_tables(written, coder, criteria, weight)
@@ -204,14 +205,6 @@ def gate_groups(scratch: Scratch, bucket: int, parts: int, spec: ReleaseSpec, co
                              criteria=declared(criteria), max_prosecutor_risk=spec.max_prosecutor_risk)
     disclosure = disclosure_figures(written.sizes, written.matrices(criteria), criteria)
     return GroupGate(SizeCounts.of(written.sizes), disclosure, checks)
-
-
-def gather_written(scratch: Scratch, buckets: int) -> int:
-    """Every bucket's written groups as one ``GroupCounts`` in the scratch (``WRITTEN_GROUPS``), in key order,
-    for the certificate's task (on a worker). Returns the number of groups."""
-    written = GroupCounts.add([scratch.read(WRITTEN_BUCKETS, bucket) for bucket in range(buckets)])
-    scratch.write(written, WRITTEN_GROUPS)
-    return len(written.keys)
 
 
 # --------------------------------------------------------------------------- Prefect tasks
@@ -248,9 +241,3 @@ def publish_task(index: int, pieces: int, scratch: Scratch, staging: str, spec: 
 def gate_groups_task(scratch: Scratch, bucket: int, parts: int, spec: ReleaseSpec, coder: GroupCoder, criteria: list) -> GroupGate:
     """Prefect task: one bucket's written groups, their disclosure figures and the gate's group checks."""
     return _partition_task(gate_groups)(scratch, bucket, parts, spec, coder, criteria)
-
-
-@task(name="written-groups", cache_policy=NO_CACHE, persist_result=False, **PARTITION_RETRIES)
-def gather_written_task(scratch: Scratch, buckets: int) -> int:
-    """Prefect task: the written groups gathered for the certificate (on a worker)."""
-    return _partition_task(gather_written)(scratch, buckets)

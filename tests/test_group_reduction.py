@@ -26,7 +26,6 @@ from kepsilon.tasks.group_reduction import (
     check_groups,
     class_figures,
     gate_groups,
-    gather_written,
     group_buckets,
     perturb_and_hand_over,
     publish_and_hand_over,
@@ -103,7 +102,6 @@ def reduced(spec: ReleaseSpec, partitions: int, folder: Path):
     published = [publish_and_hand_over(q, pieces, root, str(staging), spec, meta, False, len(coder.sensitive), pieces)
                  for q in range(pieces)]
     gates = [gate_groups(root, bucket, pieces, spec, coder, criteria) for bucket in range(pieces)]
-    gather_written(root, pieces)
     received = {"perturb-suppress": parts, "check-groups": checked, "class-figures": outcomes, "publish-part": published,
                 "gate-groups": gates}
     return received, errors, extent, classes, criteria, pq.read_table(staging / DATASET).to_pandas(), root
@@ -159,12 +157,12 @@ def test_the_reductions_record_what_the_whole_tables_give(tmp_path, partitions, 
 
     assert add_disclosure_figures([gate.disclosure for gate in received["gate-groups"]]) == disclosure_figures(
         written.sizes, written.matrices(criteria), criteria)
-    from kepsilon.tasks.certificate_dask import WRITTEN_GROUPS
+    from kepsilon.tasks.certificate_dask import read_written_sizes
 
-    gathered = root.read(WRITTEN_GROUPS)
+    # The certificate's written groups (keys and sizes, gathered from the buckets): the whole table's, in its order.
+    gathered = read_written_sizes(root, partitions)
     assert np.array_equal(gathered.keys, written.keys) and np.array_equal(gathered.sizes, written.sizes)
-    for mine, theirs in zip(gathered.values, written.values):
-        pd.testing.assert_frame_equal(mine, theirs)
+    assert gathered.keys.dtype == written.keys.dtype and gathered.sizes.dtype == written.sizes.dtype
 
     final = SizeCounts.add([check.sizes for check in received["check-groups"]])
     expected = outcome.figure_inputs
@@ -252,3 +250,22 @@ def test_the_gate_by_bucket_is_the_whole_table_gate(tmp_path, broken):
                                      e_quasi=roles["e_quasi"], **{**settings, "criteria": [c for c in criteria if c.declared]})
         assert report.checks == expected.checks, buckets
         assert report.success == expected.success
+
+
+@pytest.mark.parametrize("buckets", [1, 2, 7, 60])
+def test_the_written_sizes_gathered_from_the_buckets_are_the_whole_tables(buckets):
+    """``GroupSizes.gather`` over the buckets' keys and sizes: exactly the keys and sizes ``GroupCounts.add`` gives
+    over the published parts' recounts, whatever the number of buckets (some of them empty)."""
+    from kepsilon.tasks.certificate_dask import GroupSizes
+
+    rng = np.random.default_rng(buckets)
+    parts = []
+    for _ in range(3):  # three published parts, their groups overlapping
+        keys = rng.integers(0, 5_000, size=2_000)
+        parts.append(GroupCounts.count(keys, [rng.integers(0, 4, size=len(keys))]))
+    whole = GroupCounts.add(parts)
+    by_bucket = [GroupCounts.add([split_groups(part, buckets)[bucket] for part in parts]) for bucket in range(buckets)]
+    gathered = GroupSizes.gather([GroupSizes(bucket.keys, bucket.sizes) for bucket in by_bucket])
+    assert np.array_equal(gathered.keys, whole.keys) and np.array_equal(gathered.sizes, whole.sizes)
+    assert gathered.keys.dtype == whole.keys.dtype and gathered.sizes.dtype == whole.sizes.dtype
+    assert GroupSizes.gather([]).keys.dtype == np.int64
