@@ -86,6 +86,16 @@ def _classes_distributed(spec: ReleaseSpec, partitions: int, root: Scratch):
 def dask_stage_figures(spec: ReleaseSpec, partitions: int, folder: Path) -> dict:
     """The partitioned path's stages in this process (as tests/test_dask_release.py runs them), then the
     certificate's reduction over what they left in the scratch."""
+    root, pieces, table, anonymised, coder, written = published_in_parts(spec, partitions, folder)
+    assert shard_sketches(spec, root, pieces, each_in_turn) is None
+    assert not any((root.path(name)).exists() for name in ("certificate-projections", "certificate-answers"))
+    return dask_certificate_figures(spec, root, pieces, pieces, pieces, anonymised.hierarchies,
+                                    written, coder, table.rows - int(written.sizes.sum()))
+
+
+def published_in_parts(spec: ReleaseSpec, partitions: int, folder: Path):
+    """The partitioned path's stages to the published parts, in this process: (the scratch, pieces, the combined
+    intake, the anonymised tuples, the group coder, the written groups)."""
     root = Scratch.new(folder / "scratch")
     pieces, table, anonymised, classes = _classes_distributed(spec, partitions, root)
     coder = GroupCoder.build(spec, anonymised.hierarchies, anonymised.criteria)
@@ -97,10 +107,7 @@ def dask_stage_figures(spec: ReleaseSpec, partitions: int, folder: Path) -> dict
     (staging / DATASET).mkdir(parents=True)
     written = GroupCounts.add([publish_part(q, pieces, root, str(staging), failing, spec, meta, False, len(coder.sensitive)).groups
                                for q in range(pieces)])
-    assert shard_sketches(spec, root, pieces, each_in_turn) is None
-    assert not any((root.path(name)).exists() for name in ("certificate-projections", "certificate-answers"))
-    return dask_certificate_figures(spec, root, pieces, pieces, pieces, anonymised.hierarchies,
-                                    written, coder, table.rows - int(written.sizes.sum()))
+    return root, pieces, table, anonymised, coder, written
 
 
 def each_in_turn(name, function, arguments):
@@ -191,6 +198,31 @@ def test_the_dask_reduction_gives_the_in_memory_figures(tmp_path, partitions, ch
         assert classifier["test_records"] == expected["classifier"]["test_records"] == 3000
         for model in ("logistic_regression", "random_forest"):  # another random subset: close, not equal
             assert classifier["models"][model]["source"] == pytest.approx(expected["classifier"]["models"][model]["source"], abs=0.05)
+
+
+@pytest.mark.parametrize("partitions", [1, 2, 5])
+def test_the_parts_samples_are_read_only_where_the_classifier_sample_takes_them(tmp_path, partitions):
+    """``read_part_sketches`` empties the samples of the parts past the first ``SAMPLE_ROWS`` records: the sample
+    the classifier trains on is the one the whole sketches give (32,000 records: 2 and 5 parts have more than
+    enough in their first ones), and an emptied sample keeps its columns and types."""
+    from kepsilon.tasks.certificate_dask import PART_SKETCH, SAMPLE_ROWS, _sample, read_part_sketches
+
+    spec = make_spec(tmp_path)
+    root, pieces, *_ = published_in_parts(spec, partitions, tmp_path)
+    whole = [root.read(PART_SKETCH, q) for q in range(pieces) if root.exists(PART_SKETCH, q)]
+    read = read_part_sketches(root, pieces)
+    assert len(read) == len(whole) == pieces
+    for mine, theirs in zip(_sample(read), _sample(whole)):
+        assert len(mine) == SAMPLE_ROWS
+        pd.testing.assert_frame_equal(mine, theirs)
+    kept = [len(sketch["sample_released"]) for sketch in read]
+    emptied = [q for q, rows in enumerate(kept) if rows == 0]
+    assert emptied == ([] if partitions == 1 else list(range(1 if partitions == 2 else 3, partitions)))
+    for q in emptied:
+        for name in ("sample_source", "sample_released"):
+            assert list(read[q][name].dtypes.items()) == list(whole[q][name].dtypes.items())
+    for name in ("pairs", "numbers", "as_read"):  # the counts are read whole
+        assert [sorted(s[name]) for s in read] == [sorted(s[name]) for s in whole]
 
 
 # --------------------------------------------------------------------------- the flows
