@@ -30,11 +30,11 @@ from itertools import combinations
 
 import numpy as np
 import pandas as pd
-from scipy import integrate, optimize
-from scipy.special import gammaln
-from scipy.stats import hypergeom
 
 from .errors import SpecError
+
+# SciPy (about 0.5 s to import) is imported by the estimators that use it, not here: every `kepsilon release`
+# imports this module, and one refused before ε never reaches them.
 
 DEFAULT_THRESHOLD = 0.2  # a record counts as "at risk" above 1/5, a common threshold in health data (ARX's default view)
 
@@ -144,6 +144,7 @@ def individual_risk(sizes, weight_sums) -> np.ndarray:
 
 
 def _expected_inverse(f: float, p: float) -> float:
+    from scipy import integrate
     if p >= 1.0:
         return 1.0 / f
     q = 1.0 - p
@@ -170,6 +171,7 @@ def pitman_log_likelihood(theta: float, alpha: float, histogram: dict[int, int])
 
     ``Σ_{i<u} ln(θ+iα) − Σ_{i<n} ln(θ+i) + Σ_j c_j Σ_{l<j} ln(l−α)``, each sum in its gamma-function form.
     """
+    from scipy.special import gammaln
     u = sum(histogram.values())
     n = sum(size * count for size, count in histogram.items())
     first = (u - 1) * math.log(alpha) + gammaln(theta / alpha + u) - gammaln(theta / alpha + 1)
@@ -180,6 +182,7 @@ def pitman_log_likelihood(theta: float, alpha: float, histogram: dict[int, int])
 
 def pitman_parameters(histogram: dict[int, int]) -> tuple[float, float] | None:
     """Maximum-likelihood (θ, α) of the Pitman model, or None when the fit does not converge."""
+    from scipy import optimize
     u = sum(histogram.values())
     n = sum(size * count for size, count in histogram.items())
     if u < 2 or u == n:
@@ -204,6 +207,7 @@ def pitman_uniques(histogram: dict[int, int], population: float) -> float | None
 
     None when the fit fails or the estimate falls outside ``[0, N]``.
     """
+    from scipy.special import gammaln
     if not histogram.get(1):
         return 0.0
     parameters = pitman_parameters(histogram)
@@ -223,6 +227,7 @@ def zayatz_uniques(histogram: dict[int, int], sample: int, population: int) -> f
     probability of drawing exactly one of a class of ``j`` in ``n`` draws from ``N``. Uniques in the
     population: sample uniques × that probability ÷ the sampling fraction.
     """
+    from scipy.stats import hypergeom
     uniques = histogram.get(1, 0)
     if not uniques:
         return 0.0
@@ -263,6 +268,7 @@ def snb_expected_counts(alpha: float, beta: float, classes: float, fraction: flo
 
 def snb_uniques_given(c1: float, c2: float, classes: float, fraction: float) -> float | None:
     """Population uniques ``K β^α`` once α and β are solved from the observed ``c₁``, ``c₂`` and ``K``."""
+    from scipy import optimize
     if c1 <= 0:
         return 0.0
     if c2 <= 0:

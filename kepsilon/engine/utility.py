@@ -16,9 +16,10 @@ from typing import Any
 
 import numpy as np
 import pandas as pd
-from scipy import stats
 
 from .errors import SpecError
+
+# SciPy is imported by the two distances that use it, not here (see risk.py: a refused release never needs it).
 
 MAX_TRAINING_ROWS = 3_000  # the classifier utility trains on at most this many records, and scores at most
 MAX_TEST_ROWS = 3_000  # this many: its cost must not dominate a release (docs/certificate.md)
@@ -48,6 +49,7 @@ def numeric_distances(source, released, grid: float | None = None, span: float |
     rounding is not counted as a change. ``span`` (the public bounds' width) scales the Wasserstein
     distance to a share of the column's range.
     """
+    from scipy import stats
     source = np.asarray(source, dtype=np.float64)
     released = np.asarray(released, dtype=np.float64)
     source = source[np.isfinite(source)]
@@ -72,6 +74,7 @@ def numeric_distances_from_counts(source: pd.Series, released: pd.Series, span: 
     between the two cumulative distributions over the union of their values) are the ones the
     records themselves give.
     """
+    from scipy import stats
     source = source[np.isfinite(source.index.to_numpy(dtype=np.float64)) & (source.to_numpy() > 0)]
     released = released[np.isfinite(released.index.to_numpy(dtype=np.float64)) & (released.to_numpy() > 0)]
     if not len(source) or not len(released):
