@@ -109,6 +109,8 @@ paper: install
 	$(BIN)/python -m benchmarks.paper
 
 ## clean: the demo's outputs and Prefect's state; the private folder ./.kepsilon (audit store, keys)
-## is kept: it holds the ε ledger and the keys that reruns need. Remove it by hand to start from nothing.
+## is kept: it holds the ε ledger and the keys that reruns need. Removing it does not start from nothing: its head
+## log (in the account's state folder) then refuses the empty store until an officer runs
+## kepsilon audit retire-head-log --by NAME --reason TEXT (docs/private-store.md)
 clean:
 	rm -rf out .prefect
