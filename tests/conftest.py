@@ -136,7 +136,49 @@ def capped_store(tmp_path, monkeypatch, population: str):
 
 
 @pytest.fixture(scope="session")
-def prefect_server_env(tmp_path_factory) -> Iterator[dict]:
+def migrated_prefect_database(tmp_path_factory) -> Path:
+    """A Prefect database Prefect itself has created and migrated (``prefect server database upgrade``), made
+    once for the whole run (both pytest-xdist workers, under a lock) and copied by :func:`seeded_prefect_home`.
+
+    A server started on an empty PREFECT_HOME spends about 4.5 s of CPU running Prefect's migrations before it
+    answers (8 s to healthy against 3.3 s on a migrated database, quiet 2-core machine), and make test starts
+    about ten. What those tests check (logins, stops, busy databases, the CLI's messages) is the same on a
+    migrated database. The CLI's own server on a fresh home, as a new user's first `kepsilon release` starts
+    it, keeps an empty one (test_cli_output's "no server answering" tests), as does `make demo`.
+    """
+    import fcntl
+    import subprocess
+    import sys
+
+    shared = tmp_path_factory.getbasetemp()
+    if os.environ.get("PYTEST_XDIST_WORKER"):
+        shared = shared.parent  # the run's folder, above each worker's own
+    home = shared / "migrated-prefect"
+    database = home / "prefect.db"
+    with open(shared / "migrated-prefect.lock", "w") as lock:
+        fcntl.flock(lock, fcntl.LOCK_EX)
+        if not database.exists():
+            home.mkdir(exist_ok=True)
+            env = {**os.environ, "PREFECT_HOME": str(home), "PREFECT_API_DATABASE_CONNECTION_URL": f"sqlite+aiosqlite:///{home / 'making.db'}"}
+            made = subprocess.run([str(Path(sys.executable).parent / "prefect"), "server", "database", "upgrade", "-y"],
+                                  env=env, capture_output=True, text=True, timeout=300)
+            assert made.returncode == 0, made.stdout + made.stderr
+            (home / "making.db").rename(database)  # whole, or not there: a second worker never copies half of it
+    return database
+
+
+def seeded_prefect_home(home: Path, database: Path) -> Path:
+    """``home`` (created) holding a copy of the migrated ``database`` as its ``prefect.db``: a server started on
+    it skips Prefect's migrations. Returns ``home``."""
+    import shutil
+
+    home.mkdir(parents=True, exist_ok=True)
+    shutil.copyfile(database, home / "prefect.db")
+    return home
+
+
+@pytest.fixture(scope="session")
+def prefect_server_env(tmp_path_factory, migrated_prefect_database) -> Iterator[dict]:
     """One real local Prefect server (with its UI) for every CLI run of the session that needs one.
 
     Yields the environment a ``kepsilon`` subprocess needs to report there (PREFECT_API_URL,
@@ -145,7 +187,8 @@ def prefect_server_env(tmp_path_factory) -> Iterator[dict]:
     """
     from kepsilon.local_server import prefect_server
 
-    with prefect_server(tmp_path_factory.mktemp("session-prefect")) as env:
+    home = seeded_prefect_home(tmp_path_factory.mktemp("session-prefect"), migrated_prefect_database)
+    with prefect_server(home) as env:
         # Several releases at once (the reliability scenarios run three) keep its SQLite database busy; its
         # 503 answers outlast the client's default five retries on a loaded 2-core machine.
         yield {**env, "PREFECT_CLIENT_MAX_RETRIES": "8"}

@@ -24,7 +24,7 @@ import yaml
 
 from kepsilon.prefect_login import authorization_header
 
-from .conftest import ROOT, release_spec_dict
+from .conftest import ROOT, release_spec_dict, seeded_prefect_home
 
 pytestmark = pytest.mark.server
 
@@ -163,7 +163,7 @@ def test_without_prefect_api_url_the_release_goes_to_the_make_serve_server(works
     assert flow_run_on(env["PREFECT_API_URL"], err, auth_string=env["PREFECT_API_AUTH_STRING"]).get("state_type") == "COMPLETED"
 
 
-def test_the_make_serve_server_with_a_login_the_cli_lacks_is_not_used(workspace):
+def test_the_make_serve_server_with_a_login_the_cli_lacks_is_not_used(workspace, migrated_prefect_database):
     """A server at PREFECT_PORT whose login the CLI does not have (no PREFECT_API_AUTH_STRING, another secret
     in KEPSILON_PREFECT_AUTH_FILE) would refuse every report: the run goes to a server of its own, saying why."""
     work, env = workspace
@@ -171,6 +171,7 @@ def test_the_make_serve_server_with_a_login_the_cli_lacks_is_not_used(workspace)
     wrong = work / "private" / "prefect-server.auth"
     wrong.parent.mkdir(mode=0o700, exist_ok=True)
     wrong.write_text("kepsilon:not-the-secret\n")
+    seeded_prefect_home(work / "own-prefect-login", migrated_prefect_database)  # its own server: no migrations
     lacking = {**env, "PREFECT_PORT": port, "KEPSILON_PREFECT_AUTH_FILE": str(wrong),
                "PREFECT_HOME": str(work / "own-prefect-login"), "PREFECT_SERVER_EPHEMERAL_STARTUP_TIMEOUT_SECONDS": "120"}
     for name in ("PREFECT_API_URL", "PREFECT_API_AUTH_STRING"):
@@ -486,7 +487,7 @@ def test_kepsilon_check_ends_with_its_verdict_line_and_exit_code(workspace):
 
 
 @pytest.mark.heavy
-def test_a_busy_prefect_database_gives_the_stores_line_not_a_traceback(workspace, tmp_path):
+def test_a_busy_prefect_database_gives_the_stores_line_not_a_traceback(workspace, tmp_path, migrated_prefect_database):
     """A Prefect server whose SQLite database stays locked answers 503 (after its 60 s busy timeout); once
     the client's retries are used up the CLI says so and what the store holds, in one line, exit 2.
 
@@ -497,7 +498,7 @@ def test_a_busy_prefect_database_gives_the_stores_line_not_a_traceback(workspace
     from kepsilon.local_server import prefect_server
 
     work, env = workspace
-    with prefect_server(tmp_path / "busy-prefect") as server_env:
+    with prefect_server(seeded_prefect_home(tmp_path / "busy-prefect", migrated_prefect_database)) as server_env:
         database = sqlite3.connect(tmp_path / "busy-prefect" / "prefect.db", timeout=30, isolation_level=None)
         try:
             database.execute("BEGIN EXCLUSIVE")

@@ -22,7 +22,7 @@ import pytest
 from kepsilon.local_server import free_port
 from kepsilon.prefect_login import authorization_header, read_auth_string
 
-from .conftest import ROOT
+from .conftest import ROOT, seeded_prefect_home
 
 pytestmark = pytest.mark.server
 
@@ -109,11 +109,11 @@ def _worker_registered(api: str, auth_file: Path) -> bool:
         pytest.param(signal.SIGINT, False, id="sigint-script", marks=pytest.mark.heavy),
     ],
 )
-def test_one_signal_stops_server_and_worker_within_10_seconds(tmp_path, signal_number, to_group):
+def test_one_signal_stops_server_and_worker_within_10_seconds(tmp_path, migrated_prefect_database, signal_number, to_group):
     port = free_port()
     api = f"http://127.0.0.1:{port}/api"
     auth_file = tmp_path / "private" / "prefect-server.auth"
-    env = {**os.environ, "PREFECT_HOME": str(tmp_path / "prefect"), "PREFECT_PORT": str(port),
+    env = {**os.environ, "PREFECT_HOME": str(seeded_prefect_home(tmp_path / "prefect", migrated_prefect_database)), "PREFECT_PORT": str(port),
            "KEPSILON_PREFECT_AUTH_FILE": str(auth_file)}
     for name in ("PREFECT_API_URL", "PREFECT_API_AUTH_STRING", "KEPSILON_FAULT_AT"):
         env.pop(name, None)
