@@ -1055,8 +1055,12 @@ def _store_state(db: Path, release_id: str) -> str:
     return "reserved" if open_reservations and open_reservations[0][0] else "nothing"
 
 
-def orchestrator_death(results: Results, base: Path, source: Path, point: str, max_seconds: float = 90) -> dict:
+def orchestrator_death(results: Results, base: Path, source: Path, point: str, max_seconds: float = 90,
+                       migrated_database: Path | None = None) -> dict:
     """A release held at ``point`` while its Prefect server is SIGKILLed (with its process group), then let go.
+
+    ``migrated_database``: a Prefect database already migrated, copied in as the server's own (the test suite's,
+    which spares each fresh server Prefect's migrations); what the scenario checks does not depend on it.
 
     The release runs in the CLI's process and does not need the server: what the CLI tells the user must
     be what the audit store records — published (and where), failed (recorded) or still reserved — in one
@@ -1075,6 +1079,9 @@ def orchestrator_death(results: Results, base: Path, source: Path, point: str, m
     release_id = f"orchestrator-{point}"
     spec = write_spec(work, spec_dict(work, release_id, source={"path": str(source), "delimiter": ";"}, **NO_BUDGET_FAILURES))
     hold = work / "hold"
+    if migrated_database is not None:
+        (work / "prefect").mkdir(exist_ok=True)
+        shutil.copyfile(migrated_database, work / "prefect" / "prefect.db")
     with prefect_server(work / "prefect", started=servers) as server_env:
         env = {**store_env(server_env, work), "KEPSILON_HOLD_AT": point, "KEPSILON_HOLD_FILE": str(hold),
                "KEPSILON_REPORTS_DIR": str(work / "reports")}

@@ -152,14 +152,14 @@ def test_private_files_are_owner_only_a_store_copy_is_no_oracle_and_a_shared_fol
     assert_all_pass(results, CATEGORY, minimum=4)
 
 
-def test_when_the_prefect_server_dies_after_the_noise_the_cli_tells_what_the_store_records(base, sample):
+def test_when_the_prefect_server_dies_after_the_noise_the_cli_tells_what_the_store_records(base, sample, migrated_prefect_database):
     """Short version of make reliability's three kills: the server SIGKILLed with the noise drawn.
 
     The release goes on without it and is published; the CLI says so in one line from the audit store
     (exit 0), instead of retrying for minutes and ending ``release failed: ConnectError``.
     """
     results = Results()
-    row = orchestrator_death(results, base / "orchestrator", sample, "after-noise")
+    row = orchestrator_death(results, base / "orchestrator", sample, "after-noise", migrated_database=migrated_prefect_database)
     assert_all_pass(results, ORCHESTRATOR_CATEGORY, minimum=7)
     assert (row["store"], row["exit"]) == ("published", 0)
 
