@@ -6,7 +6,10 @@ deployment with k and ε changed, and check that the run completes and that its 
 k-anonymous (an independent group count) with the changed parameters. Everything lives in a temporary
 folder (Prefect home, audit store, output), so it can run anywhere, including CI.
 
-    .venv/bin/python deployments/check_deployment.py [--k 5] [--epsilon 0.5]
+    .venv/bin/python deployments/check_deployment.py [--k 5] [--epsilon 0.5] [--prefect-database PATH]
+
+``--prefect-database``: start the server from a copy of a Prefect database Prefect has already migrated (the
+test suite passes its own, which spares the server Prefect's migrations); without it, a fresh one.
 
 Exit status 0 when every check holds; prints one line per check.
 """
@@ -15,6 +18,7 @@ import argparse
 import asyncio
 import json
 import os
+import shutil
 import sqlite3
 import subprocess
 import sys
@@ -74,10 +78,14 @@ def main() -> int:
     parser.add_argument("--k", type=int, default=5)
     parser.add_argument("--epsilon", type=float, default=0.5)
     parser.add_argument("--timeout", type=float, default=300)
+    parser.add_argument("--prefect-database", type=Path, default=None)
     args = parser.parse_args()
 
     work = Path(tempfile.mkdtemp(prefix="kepsilon-deploy-"))
     failures: list[str] = []
+    if args.prefect_database is not None:
+        (work / "prefect").mkdir()
+        shutil.copyfile(args.prefect_database, work / "prefect" / "prefect.db")
     with prefect_server(work / "prefect") as server_env:
         env = {
             **server_env,

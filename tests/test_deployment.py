@@ -11,9 +11,10 @@ from .conftest import ROOT
 pytestmark = pytest.mark.server
 
 
-def test_a_deployment_run_with_changed_parameters_completes():
+def test_a_deployment_run_with_changed_parameters_completes(migrated_prefect_database):
     result = subprocess.run(
-        [sys.executable, str(ROOT / "deployments" / "check_deployment.py"), "--k", "7", "--epsilon", "0.5"],
+        [sys.executable, str(ROOT / "deployments" / "check_deployment.py"), "--k", "7", "--epsilon", "0.5",
+         "--prefect-database", str(migrated_prefect_database)],
         capture_output=True,
         text=True,
         timeout=600,
