@@ -357,6 +357,8 @@ class Services:
         dask_env = {
             **os.environ,
             "DASK_DISTRIBUTED__COMM__REQUIRE_ENCRYPTION": "True",
+            # Dask's developer logs keep 50 messages per comm, not 1,000 with each task's graph (docs/dask.md).
+            "DASK_DISTRIBUTED__ADMIN__LOW_LEVEL_LOG_LENGTH": "50",
             "DASK_DISTRIBUTED__SCHEDULER__HTTP__ROUTES": "[]",
             "DASK_DISTRIBUTED__WORKER__HTTP__ROUTES": "[]",
             "DASK_DISTRIBUTED__COMM__TLS__CA_FILE": ca,

@@ -125,6 +125,15 @@ _STAGES = 5 + len(GROUP_STAGES)
 CLOSED_HTTP = {"distributed.scheduler.http.routes": [], "distributed.worker.http.routes": [],
                "distributed.dashboard.link": ""}  # and no "dashboard at …" line pointing at nothing
 
+# Dask's logs "for developers" (``distributed.admin.low-level-log-length``, 1,000 by default) keep, among others,
+# the last messages each batched comm sent: the client's every ``update-graph``, which carries the task's pickled
+# graph (0.1-0.2 MB here: the spec, the hierarchies, the coder), and on the scheduler every ``compute-task`` sent to
+# a worker. The flow's process held every task's graph of the release up to 1,000 tasks, so it grew with the
+# partitions (1M rows: 3.6 MB of them at 2 partitions, 39 MB at 30, measured with tracemalloc). 50 messages keep
+# what a developer reads of them, whatever the partitions. Set for the flow's client, and for the scheduler and
+# workers of its local cluster; an existing cluster's own processes keep their configuration (docs/dask.md).
+DEVELOPER_LOGS = {"distributed.admin.low-level-log-length": 50}
+
 
 def dask_task_runner(execution, local_directory: str | None = None, source=None):
     """The flow's ``DaskTaskRunner``: the given scheduler's cluster, else a LocalCluster of ``workers``
@@ -221,7 +230,7 @@ def release_on_dask(spec: ReleaseSpec) -> ReleaseRecord:
     # The cluster's own chatter (workers joining, leaving) is not the release's log.
     logging.getLogger("distributed").setLevel(logging.WARNING)
     runner = dask_task_runner(spec.execution, local_directory, spec.source)
-    with dask.config.set(CLOSED_HTTP) if not spec.execution.scheduler else nullcontext():
+    with dask.config.set(DEVELOPER_LOGS), dask.config.set(CLOSED_HTTP) if not spec.execution.scheduler else nullcontext():
         return governed_release_dask.with_options(task_runner=runner)(spec)
 
 

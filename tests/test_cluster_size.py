@@ -96,3 +96,42 @@ def test_a_bad_execution_threads_is_refused_in_one_line_by_name_with_exit_2(tmp_
     assert len(lines) == 1 and "execution.threads" in lines[0], result.output
     assert "Traceback" not in result.output
     assert not (tmp_path / "out").exists()
+
+
+def test_the_flows_cluster_keeps_few_of_dasks_developer_messages(tmp_path, monkeypatch):
+    """``release_on_dask`` runs the flow with Dask's developer logs short (``DEVELOPER_LOGS``): the flow's client
+    keeps at most 50 of the messages it sent (each task's pickled graph among them) instead of 1,000, and so do
+    the local cluster's scheduler and workers. The flow itself is replaced by one that starts the runner's cluster."""
+    import tempfile
+
+    from distributed import Client, LocalCluster
+
+    from kepsilon.flows import release_dask
+    from kepsilon.flows.spec import ReleaseSpec
+
+    from .conftest import release_spec_dict
+
+    monkeypatch.setattr(tempfile, "tempdir", str(tmp_path / "tmp"))
+    (tmp_path / "tmp").mkdir()
+    spec = ReleaseSpec.model_validate(release_spec_dict(
+        "paper-synthetic", release_id="logs-test", population_id="test-population", output_dir=str(tmp_path / "out"),
+        execution={"engine": "dask", "workers": 1}))
+    seen: dict = {}
+
+    def flow(spec):
+        runner = release_dask.dask_task_runner(spec.execution, source=spec.source)
+        with LocalCluster(**runner.cluster_kwargs) as cluster, \
+                Client(cluster, security=runner.cluster_kwargs["security"]) as client:
+            for number in range(120):  # each task's graph carries 100 kB
+                assert client.submit(len, bytes(100_000) + bytes([number]), pure=False).result() == 100_001
+            log = client.scheduler_comm.recent_message_log
+            seen["client"] = (len(log), log.maxlen)
+            seen["workers"] = list(client.run(lambda dask_worker: dask_worker.batched_stream.recent_message_log.maxlen).values())
+            seen["scheduler"] = client.run_on_scheduler(
+                lambda dask_scheduler: sorted({stream.recent_message_log.maxlen for stream in dask_scheduler.stream_comms.values()}))
+        return "record"
+
+    monkeypatch.setattr(release_dask.governed_release_dask, "with_options", lambda **options: flow)
+    assert release_dask.release_on_dask(spec) == "record"
+    assert seen == {"client": (50, 50), "workers": [50], "scheduler": [50]}
+    assert dask.config.get("distributed.admin.low-level-log-length") == 1000  # the setting is the release's only
