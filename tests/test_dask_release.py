@@ -273,18 +273,26 @@ def test_order_ranges_split_the_key_space_in_order():
 # --------------------------------------------------------------------------- the flow on Dask
 
 
+class Clusters(dict):
+    """Local clusters of 1 and 2 worker processes, by their number of workers, each started when first asked for:
+    make test's flows use only the 2-worker one (the 1-worker cases are heavy)."""
+
+    def __missing__(self, workers: int):
+        from distributed import LocalCluster
+
+        self[workers] = LocalCluster(n_workers=workers, threads_per_worker=1, processes=True, dashboard_address=":0")
+        return self[workers]
+
+
 @pytest.fixture(scope="module")
 def clusters():
-    """Local clusters of 1 and 2 worker processes, shared by the module's flow runs (each takes seconds to start)."""
-    from distributed import LocalCluster
-
-    one = LocalCluster(n_workers=1, threads_per_worker=1, processes=True, dashboard_address=":0")
-    two = LocalCluster(n_workers=2, threads_per_worker=1, processes=True, dashboard_address=":0")
+    """The module's local clusters (``Clusters``), shared by its flow runs (each takes seconds to start)."""
+    started = Clusters()
     try:
-        yield {1: one, 2: two}
+        yield started
     finally:
-        two.close()
-        one.close()
+        for cluster in started.values():
+            cluster.close()
 
 
 def private_temporary_folder(tmp_path, monkeypatch) -> Path:
