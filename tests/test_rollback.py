@@ -5,6 +5,7 @@ copies back``. Before this change the third release was published under a cap of
 """
 
 import json
+import os
 import shutil
 import sqlite3
 from pathlib import Path
@@ -40,9 +41,16 @@ def _checkpointed(store: Path) -> None:
 
 
 def _put_back(store: Path, backup: Path) -> None:
+    """The backup put back as a restore tool does it: copied beside the store, then renamed over it (a new file).
+
+    Copied over the store in place (the same inode), a connection this process still had open on the store shared
+    SQLite's in-process state of that inode with the next one, whose stale WAL index then read past the restored
+    file (SQLITE_IOERR_SHORT_READ, once in a make test run)."""
     for suffix in ("-wal", "-shm"):
         Path(str(store) + suffix).unlink(missing_ok=True)
-    shutil.copy(backup, store)
+    restoring = store.with_name(store.name + ".restoring")
+    shutil.copy(backup, restoring)
+    os.replace(restoring, store)
 
 
 def _backup(store: Path, backup: Path) -> None:
