@@ -157,6 +157,27 @@ def dask_task_runner(execution, local_directory: str | None = None, source=None)
     return DaskTaskRunner(cluster_kwargs=options)
 
 
+# How long a release waits for a worker of the cluster ``execution.scheduler`` names before refusing it.
+WORKERS_WAIT_SECONDS = 30.0
+
+
+def require_workers(execution) -> None:
+    """Refuse, before ε, a configured cluster with no worker: its scheduler accepts the release's tasks and
+    would hold them forever, the release waiting on its first one. A worker that joins within
+    ``WORKERS_WAIT_SECONDS`` is waited for (workers started beside the release). A local cluster starts its own."""
+    from prefect.context import FlowRunContext
+    from prefect_dask import DaskTaskRunner
+
+    context = FlowRunContext.get()
+    if not execution.scheduler or context is None or not isinstance(context.task_runner, DaskTaskRunner):
+        return
+    try:
+        context.task_runner.client.wait_for_workers(1, timeout=WORKERS_WAIT_SECONDS)
+    except TimeoutError:
+        raise SpecError("execution.scheduler", f"the cluster has no worker (none joined within {WORKERS_WAIT_SECONDS:.0f} s): "
+                        "start its workers, or leave execution.scheduler out for a local cluster") from None
+
+
 TLS_SETTINGS = ("DASK_DISTRIBUTED__COMM__TLS__CA_FILE", "DASK_DISTRIBUTED__COMM__TLS__CLIENT__CERT",
                 "DASK_DISTRIBUTED__COMM__TLS__CLIENT__KEY")
 
@@ -304,6 +325,7 @@ class DaskEngine:
         self.scratch: Scratch | None = None
 
     def read_source(self, spec: ReleaseSpec) -> SourceFacts:
+        require_workers(spec.execution)
         self.plan = plan = plan_source_task.submit(spec.source, spec.execution.partitions).result()
         return SourceFacts(sha256=plan.sha256, columns=tuple(plan.names), size_basis=plan.memory_bytes,
                            report=plan.report())

@@ -445,6 +445,29 @@ def test_a_failed_gate_on_dask_publishes_nothing_and_records_the_failure(
     assert "linking_risk_within_limit" in releases[0]["failure_reason"]
 
 
+@pytest.mark.flow
+@pytest.mark.usefixtures("prefect_harness")
+def test_a_configured_cluster_without_workers_is_refused_before_epsilon(sources, tmp_path, monkeypatch):
+    """Its scheduler accepts the tasks and holds them: the release used to wait on its first one forever."""
+    from distributed import LocalCluster
+
+    import kepsilon.flows.release_dask as dask_flow
+    from kepsilon.flows.release import governed_release
+
+    from .conftest import capped_store
+
+    store = capped_store(tmp_path, monkeypatch, "test-population")
+    private_temporary_folder(tmp_path, monkeypatch)
+    monkeypatch.setattr(dask_flow, "WORKERS_WAIT_SECONDS", 2.0)
+    with LocalCluster(n_workers=0, processes=False, scheduler_port=0, dashboard_address=None, protocol="tcp://") as empty:
+        spec = make_spec(sources["sample"], tmp_path, execution={"engine": "dask", "scheduler": empty.scheduler_address,
+                                                                  "partitions": 2})
+        with pytest.raises(SpecError, match=r"'execution.scheduler': the cluster has no worker \(none joined within 2 s\)"):
+            governed_release(spec)
+    assert store.conn.execute("SELECT COUNT(*) FROM ledger").fetchone()[0] == 1  # the cap alone: nothing reserved
+    assert not Path(spec.output_dir).exists() or not any(Path(spec.output_dir).iterdir())
+
+
 def test_a_scheduler_address_nothing_answers_at_is_refused_by_name():
     import socket
 
