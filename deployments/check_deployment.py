@@ -18,7 +18,6 @@ import argparse
 import asyncio
 import json
 import os
-import shutil
 import sqlite3
 import subprocess
 import sys
@@ -83,10 +82,7 @@ def main() -> int:
 
     work = Path(tempfile.mkdtemp(prefix="kepsilon-deploy-"))
     failures: list[str] = []
-    if args.prefect_database is not None:
-        (work / "prefect").mkdir()
-        shutil.copyfile(args.prefect_database, work / "prefect" / "prefect.db")
-    with prefect_server(work / "prefect") as server_env:
+    with prefect_server(work / "prefect", database=args.prefect_database) as server_env:
         env = {
             **server_env,
             "KEPSILON_PROJECT_DIR": str(ROOT),

@@ -19,6 +19,7 @@ import contextlib
 import ctypes
 import json
 import os
+import shutil
 import signal
 import socket
 import subprocess
@@ -183,16 +184,28 @@ class LocalServer:
         self.stop()
 
 
+def seeded_prefect_home(home: Path, database: Path) -> Path:
+    """``home`` (created) holding a copy of ``database``, a Prefect database Prefect has already migrated, as its
+    ``prefect.db``: a server started there skips Prefect's migrations (about 4.5 s of CPU on an empty home).
+    The test suite's servers use it; a user's first server migrates its own. Returns ``home``."""
+    home.mkdir(parents=True, exist_ok=True)
+    shutil.copyfile(database, home / "prefect.db")
+    return home
+
+
 @contextlib.contextmanager
-def prefect_server(home: Path, started: list | None = None) -> Iterator[dict]:
+def prefect_server(home: Path, started: list | None = None, database: Path | None = None) -> Iterator[dict]:
     """A real local Prefect server with its own PREFECT_HOME; yields the env a client needs.
 
     The server requires a login, a fresh secret: the env yielded carries it for clients
     (PREFECT_API_AUTH_STRING); the server's own setting stays out of it.
 
     ``started``, if given, receives the server's ``Popen`` (its own process group): a reliability
-    scenario kills it under a running release.
+    scenario kills it under a running release. ``database``, if given, is copied in first
+    (:func:`seeded_prefect_home`).
     """
+    if database is not None:
+        seeded_prefect_home(home, database)
     home.mkdir(parents=True, exist_ok=True)
     port = free_port()
     env = {

@@ -1079,10 +1079,7 @@ def orchestrator_death(results: Results, base: Path, source: Path, point: str, m
     release_id = f"orchestrator-{point}"
     spec = write_spec(work, spec_dict(work, release_id, source={"path": str(source), "delimiter": ";"}, **NO_BUDGET_FAILURES))
     hold = work / "hold"
-    if migrated_database is not None:
-        (work / "prefect").mkdir(exist_ok=True)
-        shutil.copyfile(migrated_database, work / "prefect" / "prefect.db")
-    with prefect_server(work / "prefect", started=servers) as server_env:
+    with prefect_server(work / "prefect", started=servers, database=migrated_database) as server_env:
         env = {**store_env(server_env, work), "KEPSILON_HOLD_AT": point, "KEPSILON_HOLD_FILE": str(hold),
                "KEPSILON_REPORTS_DIR": str(work / "reports")}
         env.pop("KEPSILON_DEFAULT_CAP", None)

@@ -138,7 +138,8 @@ def capped_store(tmp_path, monkeypatch, population: str):
 @pytest.fixture(scope="session")
 def migrated_prefect_database(tmp_path_factory) -> Path:
     """A Prefect database Prefect itself has created and migrated (``prefect server database upgrade``), made
-    once for the whole run (both pytest-xdist workers, under a lock) and copied by :func:`seeded_prefect_home`.
+    once for the whole run (both pytest-xdist workers, under a lock) and copied by
+    :func:`kepsilon.local_server.seeded_prefect_home`.
 
     A server started on an empty PREFECT_HOME spends about 4.5 s of CPU running Prefect's migrations before it
     answers (8 s to healthy against 3.3 s on a migrated database, quiet 2-core machine), and make test starts
@@ -167,16 +168,6 @@ def migrated_prefect_database(tmp_path_factory) -> Path:
     return database
 
 
-def seeded_prefect_home(home: Path, database: Path) -> Path:
-    """``home`` (created) holding a copy of the migrated ``database`` as its ``prefect.db``: a server started on
-    it skips Prefect's migrations. Returns ``home``."""
-    import shutil
-
-    home.mkdir(parents=True, exist_ok=True)
-    shutil.copyfile(database, home / "prefect.db")
-    return home
-
-
 @pytest.fixture(scope="session")
 def prefect_server_env(tmp_path_factory, migrated_prefect_database) -> Iterator[dict]:
     """One real local Prefect server (with its UI) for every CLI run of the session that needs one.
@@ -187,8 +178,7 @@ def prefect_server_env(tmp_path_factory, migrated_prefect_database) -> Iterator[
     """
     from kepsilon.local_server import prefect_server
 
-    home = seeded_prefect_home(tmp_path_factory.mktemp("session-prefect"), migrated_prefect_database)
-    with prefect_server(home) as env:
+    with prefect_server(tmp_path_factory.mktemp("session-prefect"), database=migrated_prefect_database) as env:
         # Several releases at once (the reliability scenarios run three) keep its SQLite database busy; its
         # 503 answers outlast the client's default five retries on a loaded 2-core machine.
         yield {**env, "PREFECT_CLIENT_MAX_RETRIES": "8"}

@@ -22,9 +22,10 @@ from pathlib import Path
 import pytest
 import yaml
 
+from kepsilon.local_server import seeded_prefect_home
 from kepsilon.prefect_login import authorization_header
 
-from .conftest import ROOT, release_spec_dict, seeded_prefect_home
+from .conftest import ROOT, release_spec_dict
 
 pytestmark = pytest.mark.server
 
@@ -498,7 +499,7 @@ def test_a_busy_prefect_database_gives_the_stores_line_not_a_traceback(workspace
     from kepsilon.local_server import prefect_server
 
     work, env = workspace
-    with prefect_server(seeded_prefect_home(tmp_path / "busy-prefect", migrated_prefect_database)) as server_env:
+    with prefect_server(tmp_path / "busy-prefect", database=migrated_prefect_database) as server_env:
         database = sqlite3.connect(tmp_path / "busy-prefect" / "prefect.db", timeout=30, isolation_level=None)
         try:
             database.execute("BEGIN EXCLUSIVE")

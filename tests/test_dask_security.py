@@ -31,7 +31,7 @@ import pytest
 from kepsilon.tasks.errors import SpecError
 from kepsilon.tasks.scratch import MARKER, Scratch, ScratchKey, ScratchLease, private_root, sweep_leftover_scratch
 
-from .conftest import release_spec_dict, seeded_prefect_home
+from .conftest import release_spec_dict
 
 CANARY_HEIGHT = 171.23456789
 CANARY_TEXT = "CANARYxq7Zr2"
@@ -367,7 +367,7 @@ def test_a_worker_killed_inside_a_partition_task_costs_a_retry_not_the_release(t
 def cli_server(tmp_path_factory, migrated_prefect_database):
     from reliability.harness import prefect_server
 
-    with prefect_server(seeded_prefect_home(tmp_path_factory.mktemp("dask-cli") / "prefect", migrated_prefect_database)) as env:
+    with prefect_server(tmp_path_factory.mktemp("dask-cli") / "prefect", database=migrated_prefect_database) as env:
         yield env
 
 

@@ -19,10 +19,10 @@ from pathlib import Path
 
 import pytest
 
-from kepsilon.local_server import free_port
+from kepsilon.local_server import free_port, seeded_prefect_home
 from kepsilon.prefect_login import authorization_header, read_auth_string
 
-from .conftest import ROOT, seeded_prefect_home
+from .conftest import ROOT
 
 pytestmark = pytest.mark.server
 
