@@ -170,11 +170,15 @@ class RetiredLog:
     latest: LoggedHead | None
 
 
+def most_advanced(heads: list[LoggedHead]) -> LoggedHead | None:
+    """The head with the longest chain among ``heads`` (None when there is none)."""
+    return max(heads, key=lambda head: head.entries) if heads else None
+
+
 def latest_head(path: Path) -> LoggedHead | None:
     """The most advanced readable head of the log at ``path`` (None when it has none or does not exist);
     raises ``OSError`` when it exists but cannot be read."""
-    heads, _ = read_heads(path)
-    return max(heads, key=lambda head: head.entries) if heads else None
+    return most_advanced(read_heads(path)[0])
 
 
 def retire_head_log(path: Path, by: str, reason: str, store: str) -> RetiredLog:
@@ -193,8 +197,7 @@ def retire_head_log(path: Path, by: str, reason: str, store: str) -> RetiredLog:
     fd = os.open(path, os.O_RDONLY | os.O_NOFOLLOW)  # a link planted at the log's name is not followed
     with os.fdopen(fd, "rb") as handle:
         content = handle.read()
-    heads, _ = _heads_in(content[-_TAIL_BYTES:], len(content) > _TAIL_BYTES)
-    latest = max(heads, key=lambda head: head.entries) if heads else None
+    latest = most_advanced(_heads_in(content[-_TAIL_BYTES:], len(content) > _TAIL_BYTES)[0])
     now = datetime.now(UTC)
     line = json.dumps({
         "retired_at": now.strftime("%Y-%m-%dT%H:%M:%S.%fZ"), "by": by, "reason": reason, "store": store,

@@ -388,12 +388,11 @@ def _compare_with_log(conn, entries: int, heads: list[LoggedHead], log_path: Pat
         return
     latest = max(heads, key=lambda head: head.entries)
     if entries < latest.entries:
+        what, cause = f"has {entries} chain entries", "a deleted -wal file, or an older copy restored"
         if conn is None or entries == 0:
             # A store removed on purpose looks the same: the refusal names the recorded way out. Never offered
             # for a store with some entries, which is a real rollback (retire-head-log refuses it anyway).
-            what, cause = "has no chain", f"a deleted -wal file, or an older copy restored; {RETIRE_HINT}"
-        else:
-            what, cause = f"has {entries} chain entries", "a deleted -wal file, or an older copy restored"
+            what, cause = "has no chain", f"{cause}; {RETIRE_HINT}"
         inspection.problems.append(
             f"rolled back: the store {what}, but its head log recorded {latest.entries} at {latest.at} ({cause})"
         )
