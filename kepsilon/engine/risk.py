@@ -171,13 +171,30 @@ def pitman_log_likelihood(theta: float, alpha: float, histogram: dict[int, int])
 
     ``Σ_{i<u} ln(θ+iα) − Σ_{i<n} ln(θ+i) + Σ_j c_j Σ_{l<j} ln(l−α)``, each sum in its gamma-function form.
     """
-    from scipy.special import gammaln
-    u = sum(histogram.values())
-    n = sum(size * count for size, count in histogram.items())
-    first = (u - 1) * math.log(alpha) + gammaln(theta / alpha + u) - gammaln(theta / alpha + 1)
-    second = gammaln(theta + n) - gammaln(theta + 1)
-    third = sum(count * (gammaln(size - alpha) - gammaln(1 - alpha)) for size, count in histogram.items())
-    return float(first - second + third)
+    return _SizeCounts.of(histogram).log_likelihood(theta, alpha)
+
+
+class _SizeCounts:
+    """A histogram of class sizes as arrays, for the likelihood the fit evaluates thousands of times
+    (one vector of gamma functions per evaluation, not one call per size)."""
+
+    def __init__(self, sizes: np.ndarray, counts: np.ndarray):
+        self.sizes, self.counts = sizes, counts
+        self.classes = float(counts.sum())
+        self.records = float((sizes * counts).sum())
+
+    @classmethod
+    def of(cls, histogram: dict[int, int]) -> "_SizeCounts":
+        return cls(np.fromiter(histogram.keys(), dtype=np.float64, count=len(histogram)),
+                   np.fromiter(histogram.values(), dtype=np.float64, count=len(histogram)))
+
+    def log_likelihood(self, theta: float, alpha: float) -> float:
+        from scipy.special import gammaln
+        u, n = self.classes, self.records
+        first = (u - 1) * math.log(alpha) + gammaln(theta / alpha + u) - gammaln(theta / alpha + 1)
+        second = gammaln(theta + n) - gammaln(theta + 1)
+        third = float(self.counts @ (gammaln(self.sizes - alpha) - gammaln(1 - alpha)))
+        return float(first - second + third)
 
 
 def pitman_parameters(histogram: dict[int, int]) -> tuple[float, float] | None:
@@ -187,9 +204,10 @@ def pitman_parameters(histogram: dict[int, int]) -> tuple[float, float] | None:
     n = sum(size * count for size, count in histogram.items())
     if u < 2 or u == n:
         return None  # all one class, or all uniques: the likelihood has no interior maximum
+    sizes = _SizeCounts.of(histogram)
 
     def negative(x):
-        return -pitman_log_likelihood(math.exp(x[0]), 1.0 / (1.0 + math.exp(-x[1])), histogram)
+        return -sizes.log_likelihood(math.exp(x[0]), 1.0 / (1.0 + math.exp(-x[1])))
 
     best = None
     for start in ((math.log(max(u, 2.0)), 0.0), (0.0, -2.0), (math.log(n), 2.0)):
