@@ -32,6 +32,7 @@ the deployments and the UI's run form need nothing else.
 """
 
 import logging
+import os
 import shutil
 from contextlib import contextmanager, nullcontext
 from datetime import UTC, datetime
@@ -133,6 +134,47 @@ CLOSED_HTTP = {"distributed.scheduler.http.routes": [], "distributed.worker.http
 # what a developer reads of them, whatever the partitions. Set for the flow's client, and for the scheduler and
 # workers of its local cluster; an existing cluster's own processes keep their configuration (docs/dask.md).
 DEVELOPER_LOGS = {"distributed.admin.low-level-log-length": 50}
+
+# Every task run on a worker makes two Prefect clients, and each client an SSL context from the CA file Prefect's
+# settings name (certifi's bundle of about 150 certificates by default) whether or not its API speaks TLS: 60 ms of a
+# worker's CPU per task run, 25 s of a 10M-row release's 260 s (py-spy, two workers). An API on plain HTTP at a
+# loopback address never verifies a certificate, and its workers share this machine's files, so for such an API the
+# release names a CA file of one certificate instead (the bundle's first; 0.3 ms), whatever file the settings named
+# (``SSL_CERT_FILE`` sets it too): it is never read for an http:// address. Any other API keeps its settings.
+LOOPBACK_HOSTS = {"127.0.0.1", "localhost", "::1"}
+CLIENT_CA_FILE = "kepsilon-unused-client-ca.pem"
+
+
+@contextmanager
+def light_client_tls():
+    """Within: the Prefect clients of a plain-HTTP loopback API load one certificate, not certifi's bundle."""
+    from urllib.parse import urlsplit
+
+    from prefect.settings import PREFECT_API_SSL_CERT_FILE, PREFECT_API_URL, PREFECT_HOME, temporary_settings
+
+    address = urlsplit(PREFECT_API_URL.value() or "")
+    if address.scheme != "http" or address.hostname not in LOOPBACK_HOSTS:
+        yield
+        return
+    with temporary_settings(updates={PREFECT_API_SSL_CERT_FILE: str(_one_certificate(Path(PREFECT_HOME.value())))}):
+        yield
+
+
+def _one_certificate(folder: Path) -> Path:
+    """``folder/CLIENT_CA_FILE``: the first certificate of certifi's bundle (public; readable by the workers)."""
+    import certifi
+
+    path = folder / CLIENT_CA_FILE
+    if path.exists():
+        return path
+    bundle = Path(certifi.where()).read_text(encoding="ascii")
+    end = "-----END CERTIFICATE-----\n"
+    first = bundle[bundle.index("-----BEGIN CERTIFICATE-----"):bundle.index(end) + len(end)]
+    folder.mkdir(parents=True, exist_ok=True)
+    partial = folder / f".{CLIENT_CA_FILE}.{os.getpid()}.partial"
+    partial.write_text(first, encoding="ascii")
+    os.replace(partial, path)
+    return path
 
 
 def dask_task_runner(execution, local_directory: str | None = None, source=None):
@@ -251,7 +293,8 @@ def release_on_dask(spec: ReleaseSpec) -> ReleaseRecord:
     # The cluster's own chatter (workers joining, leaving) is not the release's log.
     logging.getLogger("distributed").setLevel(logging.WARNING)
     runner = dask_task_runner(spec.execution, local_directory, spec.source)
-    with dask.config.set(DEVELOPER_LOGS), dask.config.set(CLOSED_HTTP) if not spec.execution.scheduler else nullcontext():
+    with dask.config.set(DEVELOPER_LOGS), dask.config.set(CLOSED_HTTP) if not spec.execution.scheduler else nullcontext(), \
+            light_client_tls():
         return governed_release_dask.with_options(task_runner=runner)(spec)
 
 
@@ -385,11 +428,39 @@ class DaskEngine:
             shutil.rmtree(staging_directory(output_dir, spec.release_id), ignore_errors=True)
 
 
+# A shard step's work on one shard is small (a shard's cut statistics: tens of ms) beside what a Prefect task run costs
+# a worker (its contexts and clients: about 0.1 s of CPU) and the flow (submitting, tracking), so the shards go in a
+# few tasks per worker thread: enough to keep every thread busy as tasks finish unevenly, few enough that a 10M-row
+# release runs about 90 shard-step tasks instead of 300.
+TASKS_PER_THREAD = 3
+
+
 def _on_cluster(name: str, function, arguments: list[tuple]) -> list:
-    """``tasks/shards.py``'s ``each``: ``function(*a)`` for every ``a`` as a task on the cluster."""
+    """``tasks/shards.py``'s ``each``: ``function(*a)`` for every ``a``, in batches of several (dealt in turn) per
+    task on the cluster; the results in the order of ``arguments``."""
+    if not arguments:
+        return []
+    batches = min(len(arguments), TASKS_PER_THREAD * _cluster_threads())
+    dealt = [list(range(first, len(arguments), batches)) for first in range(batches)]
     step = shard_step_task.with_options(name=name)
     # Not among the release's counted steps: how many the tree's depth takes is known only as it grows.
-    return _each(name, [step.submit(function, *a) for a in arguments], counted=False)
+    results = _each(name, [step.submit(function, [arguments[i] for i in numbers]) for numbers in dealt], counted=False)
+    ordered: list = [None] * len(arguments)
+    for numbers, batch in zip(dealt, results):
+        for number, result in zip(numbers, batch):
+            ordered[number] = result
+    return ordered
+
+
+def _cluster_threads() -> int:
+    """The worker threads of the flow's cluster now (1 if it cannot be asked)."""
+    from prefect.context import FlowRunContext
+
+    client = getattr(getattr(FlowRunContext.get(), "task_runner", None), "client", None)
+    try:
+        return max(1, sum(client.nthreads().values())) if client is not None else 1
+    except Exception:  # noqa: BLE001 - a count for batching only: one batch is always correct
+        return 1
 
 
 def _anonymise(spec: ReleaseSpec, plan, table, scratch: Scratch) -> ShardedClasses:

@@ -735,6 +735,12 @@ def remove_partials(folder: Path) -> None:
 def release_memory() -> None:
     """Return a finished partition's memory: collect cycles, drop Arrow's cached buffers, trim the C heap.
 
+    Only when the task left the process holding at least ``RELEASE_ABOVE_BYTES`` more than after the
+    last release: a small task (a shard's statistics, a leaf's numbering: 2 ms of work) left little to
+    hand back, and a full collection and a heap trim after each cost a 10M-row release 17 s of worker CPU
+    over its 430 tasks (py-spy). Whatever a skipped task left stays counted, so the next large one
+    releases it.
+
     After its first collection a process freezes what survived it (``gc.freeze``): the modules and
     libraries a worker imported (about 400k objects: Prefect, Dask, pandas, Great Expectations), which
     live as long as the worker. A full collection then scans only what was made since, a partition's
@@ -743,8 +749,13 @@ def release_memory() -> None:
     import ctypes
     import gc
 
+    import psutil
     import pyarrow as pa
 
+    global _released_at
+    process = psutil.Process()
+    if gc.get_freeze_count() and process.memory_info().rss < _released_at + RELEASE_ABOVE_BYTES:
+        return
     gc.collect()
     if not gc.get_freeze_count():
         gc.freeze()
@@ -753,14 +764,55 @@ def release_memory() -> None:
         ctypes.CDLL("libc.so.6").malloc_trim(0)
     except (OSError, AttributeError):  # not glibc: nothing to trim
         pass
+    _released_at = process.memory_info().rss
+
+
+RELEASE_ABOVE_BYTES = 64 << 20
+_released_at = 0  # the process's resident bytes after the last release
+
+_heap_allocator_set = False
+
+# glibc's mallopt parameters (malloc.h) and the value given to both: the mmap threshold's largest (32 MiB on 64-bit).
+_M_TRIM_THRESHOLD = -1
+_M_MMAP_THRESHOLD = -3
+HEAP_THRESHOLD_BYTES = 32 << 20
+
+
+def allocate_from_the_heap() -> None:
+    """Serve arrays up to 32 MiB from the C heap and keep freed heap memory until the task ends.
+
+    Dask's nanny starts workers with ``MALLOC_TRIM_THRESHOLD_`` set to 64 KiB. glibc then hands back
+    the top of its heap whenever 64 KiB of it is free, and setting it also fixes the mmap threshold at
+    128 KiB: every NumPy temporary above that is a fresh mapping, faulted in page by page and unmapped
+    when freed. Measured in a Dask worker: the release-order keys of 500k records took 0.76 s (0.06 s
+    in a plain process), a pandas group-and-sort loop 0.68 s (0.48 s); with the mmap threshold raised,
+    0.08 s and 0.48 s; a 10M-row release's worker CPU fell from 26 to 18 µs per record. The memory
+    still goes back to the system between tasks: :func:`release_memory` trims the heap after each.
+    Acts once per process, and only where the variable is set (elsewhere glibc raises both thresholds
+    by itself as large blocks are freed); nothing happens without glibc.
+    """
+    global _heap_allocator_set
+    if _heap_allocator_set or "MALLOC_TRIM_THRESHOLD_" not in os.environ:
+        return
+    _heap_allocator_set = True
+    import ctypes
+
+    try:
+        libc = ctypes.CDLL("libc.so.6")
+        libc.mallopt(_M_MMAP_THRESHOLD, HEAP_THRESHOLD_BYTES)
+        libc.mallopt(_M_TRIM_THRESHOLD, HEAP_THRESHOLD_BYTES)
+    except (OSError, AttributeError):
+        pass
 
 
 def _partition_task(function):
-    """Run ``function`` on a partition, then release what it took (see :func:`release_memory`)."""
+    """Run ``function`` on a partition with the heap allocator (:func:`allocate_from_the_heap`), then
+    release what it took (see :func:`release_memory`)."""
     import functools
 
     @functools.wraps(function)
     def run(*args, **kwargs):
+        allocate_from_the_heap()
         try:
             return function(*args, **kwargs)
         finally:
@@ -812,10 +864,15 @@ def distribute_task(index: int, offset: int, scratch: Scratch, columns: list[str
 
 
 @task(name="shard-step", cache_policy=NO_CACHE, persist_result=False, **PARTITION_RETRIES)
-def shard_step_task(function, *arguments):
-    """Prefect task: one step of the histogram's shards (``tasks/shards.py``: merge, cut statistics, route,
-    sub-tree, numbering, collection, report, OLA), its inputs names in the scratch."""
-    return _partition_task(function)(*arguments)
+def shard_step_task(function, arguments: list[tuple]) -> list:
+    """Prefect task: a step of the histogram's shards (``tasks/shards.py``: merge, cut statistics, route,
+    sub-tree, numbering, collection, report, OLA, the certificate's sketches) on several shards, one after
+    the other: ``[function(*a) for a in arguments]``, their inputs names in the scratch."""
+    return _partition_task(_one_after_another)(function, arguments)
+
+
+def _one_after_another(function, arguments: list[tuple]) -> list:
+    return [function(*each) for each in arguments]
 
 
 @task(name="predict", cache_policy=NO_CACHE, persist_result=False, **PARTITION_RETRIES)

@@ -157,3 +157,4 @@ def test_keyed_words_block_by_block_are_the_generators(spread):
     far = np.array([2**40, 2**62], dtype=np.int64)  # a block's word depends on its counter alone, however large
     assert randomness._philox_first_words(key, far).tolist() == [
         int(np.random.Philox(key=key, counter=int(p)).random_raw(4)[0]) for p in far]
+
