@@ -293,9 +293,12 @@ def check_noise_grid(e_quasis: Sequence[Any], epsilon_split: dict[str, float]) -
 def _check_grid_resolution(column: str, grid: float, *magnitudes: np.ndarray) -> None:
     if not len(magnitudes[0]):
         return
-    magnitude = np.maximum.reduce([np.abs(m) for m in magnitudes])
-    too_fine = grid < np.ldexp(np.spacing(magnitude), SPACING_MARGIN_BITS)
-    if too_fine.any():
+    # The float spacing grows with the magnitude, so the largest magnitude decides whether any is too fine;
+    # the per-value check runs only then, for the count in the message.
+    largest = max(float(np.fmax.reduce(np.abs(m), initial=0.0)) for m in magnitudes)  # fmax: past any NaN
+    if grid < np.ldexp(np.spacing(largest), SPACING_MARGIN_BITS):
+        magnitude = np.maximum.reduce([np.abs(m) for m in magnitudes])
+        too_fine = grid < np.ldexp(np.spacing(magnitude), SPACING_MARGIN_BITS)
         raise SpecError(
             "epsilon",
             f"column {column!r}: noise is too small for the values' float precision in "
@@ -354,7 +357,9 @@ def perturb(
         n_clamped_inputs = int((clamped != values).sum())
         values = clamped
         scale = noise_scales(values, dense_ids, n_classes, lower, upper, epsilon, scale_basis)
-        zero_diameter_classes = int(n_classes - len(np.unique(dense_ids[scale > 0]))) if scale_basis == "diameter" else 0
+        zero_diameter_classes = (
+            int(n_classes - np.count_nonzero(np.bincount(dense_ids[scale > 0], minlength=n_classes)))
+            if scale_basis == "diameter" else 0)
 
         # One draw per row whatever the scale, keyed by the record's position in the source.
         raw = values + record_noise(noise, column, positions) * scale
