@@ -588,7 +588,7 @@ def machine() -> dict:
         "memory_gib": round(psutil.virtual_memory().total / 2**30, 1),
         "processor": platform.processor() or platform.machine(),
         "python": platform.python_version(),
-        "note": "shared: other engineers' jobs ran beside these cases (load averages per case)",
+        "note": "the load averages per case, before and after, say how busy the machine was",
     }
 
 

@@ -136,11 +136,12 @@ CLOSED_HTTP = {"distributed.scheduler.http.routes": [], "distributed.worker.http
 DEVELOPER_LOGS = {"distributed.admin.low-level-log-length": 50}
 
 # Every task run on a worker makes two Prefect clients, and each client an SSL context from the CA file Prefect's
-# settings name (certifi's bundle of about 150 certificates by default) whether or not its API speaks TLS: 60 ms of a
-# worker's CPU per task run, 25 s of a 10M-row release's 260 s (py-spy, two workers). An API on plain HTTP at a
-# loopback address never verifies a certificate, and its workers share this machine's files, so for such an API the
-# release names a CA file of one certificate instead (the bundle's first; 0.3 ms), whatever file the settings named
-# (``SSL_CERT_FILE`` sets it too): it is never read for an http:// address. Any other API keeps its settings.
+# settings name (certifi's bundle of about 150 certificates by default) whether or not its API speaks TLS: 13 ms each
+# in a plain process, and the largest single item of the workers' Prefect bookkeeping in py-spy's samples of a
+# 10M-row release. An API on plain HTTP at a loopback address never verifies a certificate, and its workers share
+# this machine's files, so for such an API the release names a CA file of one certificate instead (the bundle's
+# first; 0.3 ms), whatever file the settings named (``SSL_CERT_FILE`` sets it too): it is never read for an http://
+# address. Any other API keeps its settings.
 LOOPBACK_HOSTS = {"127.0.0.1", "localhost", "::1"}
 CLIENT_CA_FILE = "kepsilon-unused-client-ca.pem"
 

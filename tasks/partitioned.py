@@ -736,10 +736,10 @@ def release_memory() -> None:
     """Return a finished partition's memory: collect cycles, drop Arrow's cached buffers, trim the C heap.
 
     Only when the task left the process holding at least ``RELEASE_ABOVE_BYTES`` more than after the
-    last release: a small task (a shard's statistics, a leaf's numbering: 2 ms of work) left little to
-    hand back, and a full collection and a heap trim after each cost a 10M-row release 17 s of worker CPU
-    over its 430 tasks (py-spy). Whatever a skipped task left stays counted, so the next large one
-    releases it.
+    last release: a small task (a shard's statistics, a leaf's numbering) leaves little to hand back,
+    and a full collection and a heap trim cost 30 and 8 ms on average in a 10M-row release's workers
+    (about half its tasks now skip them). Whatever a skipped task left stays counted, so the next large
+    one releases it.
 
     After its first collection a process freezes what survived it (``gc.freeze``): the modules and
     libraries a worker imported (about 400k objects: Prefect, Dask, pandas, Great Expectations), which

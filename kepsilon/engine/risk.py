@@ -184,7 +184,7 @@ class _SizeCounts:
         self.records = float((sizes * counts).sum())
 
     @classmethod
-    def of(cls, histogram: dict[int, int]) -> "_SizeCounts":
+    def of(cls, histogram: dict[int, int]) -> _SizeCounts:
         return cls(np.fromiter(histogram.keys(), dtype=np.float64, count=len(histogram)),
                    np.fromiter(histogram.values(), dtype=np.float64, count=len(histogram)))
 
