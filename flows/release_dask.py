@@ -34,6 +34,8 @@ the deployments and the UI's run form need nothing else.
 import logging
 import os
 import shutil
+import threading
+import time
 from contextlib import contextmanager, nullcontext
 from datetime import UTC, datetime
 from pathlib import Path
@@ -59,7 +61,7 @@ from kepsilon.tasks.certificate_dask import (
     refuse_risk_over_limits_on_partitions,
     shard_sketches,
 )
-from kepsilon.tasks.errors import SpecError, ValidationFailed
+from kepsilon.tasks.errors import ClusterLost, SpecError, ValidationFailed
 from kepsilon.tasks.figure_inputs import ErrorCells, ErrorExtremes, FigureInputs, SizeCounts
 from kepsilon.tasks.group_reduction import (
     CLASSES,
@@ -453,11 +455,18 @@ def _on_cluster(name: str, function, arguments: list[tuple]) -> list:
     return ordered
 
 
+def _cluster_client():
+    """The Dask client of the flow's task runner, or None (not in a flow, or not on Dask)."""
+    from prefect.context import FlowRunContext
+    from prefect_dask import DaskTaskRunner
+
+    runner = getattr(FlowRunContext.get(), "task_runner", None)
+    return runner.client if isinstance(runner, DaskTaskRunner) else None
+
+
 def _cluster_threads() -> int:
     """The worker threads of the flow's cluster now (1 if it cannot be asked)."""
-    from prefect.context import FlowRunContext
-
-    client = getattr(getattr(FlowRunContext.get(), "task_runner", None), "client", None)
+    client = _cluster_client()
     try:
         return max(1, sum(client.nthreads().values())) if client is not None else 1
     except Exception:  # noqa: BLE001 - a count for batching only: one batch is always correct
@@ -567,7 +576,7 @@ def _each(name: str, futures: list, counted: bool = True) -> list:
     """
     results, failures = [None] * len(futures), {}
     position = {id(future): number for number, future in enumerate(futures)}
-    with stage(name, len(futures), counted) as progress:
+    with stage(name, len(futures), counted) as progress, WorkerWatch(name, futures) as watch:
         for future in as_completed(futures):
             number = position[id(future)]
             try:
@@ -576,9 +585,60 @@ def _each(name: str, futures: list, counted: bool = True) -> list:
                 failures[number] = failure
             progress.advance()
             fault_point(f"dask-{name}")
+    if watch.lost:
+        raise ClusterLost(name, WORKERS_WAIT_SECONDS)
     if failures:
         raise failures[min(failures)]
     return results
+
+
+# How often a waiting stage asks the scheduler whether it still has a worker.
+WATCH_SECONDS = 5.0
+
+
+class WorkerWatch:
+    """While a stage waits on its tasks: every ``WATCH_SECONDS``, whether the cluster still has a worker.
+
+    A scheduler whose workers have all left holds the stage's tasks for whenever one joins, so the
+    release would wait forever, its ε reserved and nothing recorded. After ``WORKERS_WAIT_SECONDS`` with
+    no worker the watch cancels the stage's tasks (the wait then ends) and sets ``lost``; the stage then
+    fails with ``ClusterLost``, recorded like any failure. A local cluster's nanny restarts a worker that
+    died well within that time. Watches only futures of a Dask client (nothing for other runners).
+    """
+
+    def __init__(self, name: str, futures: list):
+        self.name, self.futures, self.lost = name, futures, False
+        self._stop = threading.Event()
+        self._thread: threading.Thread | None = None
+
+    def __enter__(self) -> "WorkerWatch":
+        client = _cluster_client()
+        if client is not None and self.futures and all(hasattr(f, "wrapped_future") for f in self.futures):
+            self._thread = threading.Thread(target=self._watch, args=(client,), name=f"kepsilon-watch-{self.name}",
+                                            daemon=True)
+            self._thread.start()
+        return self
+
+    def __exit__(self, *exc) -> None:
+        self._stop.set()
+        if self._thread is not None:
+            self._thread.join()
+
+    def _watch(self, client) -> None:
+        without_workers_since = None
+        while not self._stop.wait(WATCH_SECONDS):
+            try:
+                workers = len(client.nthreads())
+            except Exception:  # noqa: BLE001 - the scheduler busy or gone for a moment: asked again next time
+                continue
+            if workers:
+                without_workers_since = None
+                continue
+            without_workers_since = without_workers_since or time.monotonic()
+            if time.monotonic() - without_workers_since >= WORKERS_WAIT_SECONDS:
+                self.lost = True
+                client.cancel([future.wrapped_future for future in self.futures])
+                return
 
 
 def _intake(spec: ReleaseSpec, plan: SourcePlan, scratch: Scratch) -> TableIntake:

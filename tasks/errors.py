@@ -8,7 +8,7 @@ engine's (``kepsilon.engine.errors``); the release adds its own below.
 from kepsilon.engine.errors import HierarchyError, InputError, KepsilonError, SpecError
 
 __all__ = ["HierarchyError", "InputError", "KepsilonError", "SpecError", "ValidationFailed", "ReleaseFailed",
-           "describe_failure"]
+           "ClusterLost", "describe_failure"]
 
 
 class ValidationFailed(KepsilonError):
@@ -21,6 +21,18 @@ class ValidationFailed(KepsilonError):
 
     def __reduce__(self):
         return (type(self), (self.failed_checks, self.details))
+
+
+class ClusterLost(KepsilonError):
+    """The Dask cluster had no worker for too long while a stage waited on its tasks."""
+
+    def __init__(self, stage: str, seconds: float):
+        self.stage, self.seconds = stage, seconds
+        super().__init__(f"the cluster lost every worker during stage {stage!r} and none joined within {seconds:.0f} s: "
+                         "its tasks were cancelled (start the cluster's workers, then run the release again)")
+
+    def __reduce__(self):
+        return (type(self), (self.stage, self.seconds))
 
 
 class ReleaseFailed(KepsilonError):

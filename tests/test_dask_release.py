@@ -468,6 +468,51 @@ def test_a_configured_cluster_without_workers_is_refused_before_epsilon(sources,
     assert not Path(spec.output_dir).exists() or not any(Path(spec.output_dir).iterdir())
 
 
+@pytest.mark.flow
+@pytest.mark.usefixtures("prefect_harness")
+def test_a_cluster_that_loses_every_worker_after_epsilon_fails_and_is_recorded(sources, tmp_path, monkeypatch):
+    """Its scheduler held the stage's tasks for a worker that never came: the release waited forever, its ε
+    reserved and nothing recorded. Now the stage's tasks are cancelled and the failure recorded."""
+    import time
+
+    from distributed import LocalCluster
+
+    import kepsilon.flows.release_dask as dask_flow
+    from kepsilon.flows.release import governed_release
+    from kepsilon.tasks.errors import ReleaseFailed
+
+    from .conftest import capped_store
+
+    store = capped_store(tmp_path, monkeypatch, "test-population")
+    private_temporary_folder(tmp_path, monkeypatch)
+    monkeypatch.setattr(dask_flow, "WORKERS_WAIT_SECONDS", 2.0)
+    monkeypatch.setattr(dask_flow, "WATCH_SECONDS", 0.5)
+    with LocalCluster(n_workers=1, processes=False, scheduler_port=0, dashboard_address=None, protocol="tcp://") as cluster:
+        figure_inputs = dask_flow._figure_inputs
+
+        def then_every_worker_leaves(*args):  # after ε, between the group checks and the parts
+            cluster.scale(0)
+            deadline = time.monotonic() + 30
+            while cluster.scheduler_info["workers"] and time.monotonic() < deadline:
+                time.sleep(0.1)
+            return figure_inputs(*args)
+
+        monkeypatch.setattr(dask_flow, "_figure_inputs", then_every_worker_leaves)
+        spec = make_spec(sources["sample"], tmp_path, execution={"engine": "dask", "scheduler": cluster.scheduler_address,
+                                                                  "partitions": 2})
+        started = time.monotonic()
+        with pytest.raises(ReleaseFailed, match=r"ClusterLost: the cluster lost every worker during stage 'publish-part' "
+                                                r"and none joined within 2 s.*recorded as failed"):
+            governed_release(spec)
+        assert time.monotonic() - started < 120
+    releases = list(store["releases"].rows)
+    assert [(r["release_id"], r["outcome"]) for r in releases] == [("dask-test", "failed")]
+    assert "lost every worker during stage 'publish-part'" in releases[0]["failure_reason"]
+    # Nothing published: at most the hidden staging folder a rerun starts afresh, with no part in it.
+    assert [p.name for p in Path(spec.output_dir).iterdir() if not p.name.startswith(".")] == []
+    assert not [p for p in Path(spec.output_dir).rglob("*") if p.is_file()]
+
+
 def test_a_scheduler_address_nothing_answers_at_is_refused_by_name():
     import socket
 
