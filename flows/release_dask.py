@@ -432,7 +432,7 @@ class DaskEngine:
 
 
 # A shard step's work on one shard is small (a shard's cut statistics: tens of ms) beside what a Prefect task run costs
-# a worker (its contexts and clients: about 0.1 s of CPU) and the flow (submitting, tracking), so the shards go in a
+# a worker (its contexts, settings and clients: tens of ms of CPU) and the flow (submitting, tracking), so the shards go in a
 # few tasks per worker thread: enough to keep every thread busy as tasks finish unevenly, few enough that a 10M-row
 # release runs about 90 shard-step tasks instead of 300.
 TASKS_PER_THREAD = 3
