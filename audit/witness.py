@@ -140,6 +140,13 @@ def _read_witness(path: Path) -> Witness | None:
     return Witness(path, str(document.get("population_id", "")), entries, head_hash)
 
 
+# A store with no chain beside publications of an earlier store: the way out when that store was removed on purpose.
+# (Whoever may move the publications aside may also delete them: the witness guards against accidents and restores,
+# as the head log does, docs/private-store.md.)
+FRESH_STORE_HINT = ("; if the store was removed on purpose to start from nothing, move that store's publications out "
+                    "of the output folder first")
+
+
 def compare_with_witnesses(conn, entries: int, witnesses: list[Witness]) -> tuple[list[str], str]:
     """Problems (a rollback) and a one-line summary of the comparison of the chain with ``witnesses``.
 
@@ -155,7 +162,7 @@ def compare_with_witnesses(conn, entries: int, witnesses: list[Witness]) -> tupl
             return [
                 f"rolled back: the store has {entries} chain entries, but {witness.kind} "
                 f"{str(witness.manifest)!r} witnessed {witness.entries} (an older copy of the store restored, "
-                "with or without its head log)"
+                "with or without its head log)" + (FRESH_STORE_HINT if entries == 0 else "")
             ], f"behind the publications ({entries} < {witness.entries})"
         row = conn.execute("SELECT entry_hash FROM chain WHERE seq = ?", (witness.entries,)).fetchone()
         if row is None or row[0] != witness.head_hash:

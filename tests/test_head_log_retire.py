@@ -7,7 +7,11 @@ outlives the checkout, and the refusal names the way out; ``verify`` says the lo
 with ``--by`` and ``--reason``; the release then publishes on a new store. Retiring is refused while the store has
 chain entries, and leaves the log untouched.
 
-One module workspace runs the whole path once (three releases, one of them refused before ε); each test asserts
+Then the store alone is removed with its publication kept in the output folder: after the log is retired, the
+publication's manifest refuses the new store, naming the way out (move the publications aside), and the release
+publishes once they are moved.
+
+One module workspace runs the whole path once (five releases, two of them refused before ε); each test asserts
 on one step, so the tests pass in any order.
 """
 
@@ -97,6 +101,15 @@ def path(tmp_path_factory, prefect_server_env):
     steps["retire_again"] = _kepsilon(work, env, "audit", "retire-head-log", "--by", "A. Officer", "--reason", "twice")
     steps["after"] = release()
     steps["verify_after"] = _kepsilon(work, env, "audit", "verify", "--format", "json")
+
+    # The store alone removed, its publication kept in the output folder: the log retired, the manifest refuses.
+    shutil.rmtree(store.parent)
+    steps["retire_kept_publication"] = _kepsilon(work, env, "audit", "retire-head-log", "--by", "A. Officer",
+                                                 "--reason", "store removed, publications kept")
+    steps["kept_publication"] = release()
+    steps["ledger_kept_publication"] = _ledger_rows(store)
+    shutil.move(checkout / "out", work / "old-publications")
+    steps["moved_aside"] = release()
     return steps
 
 
@@ -173,3 +186,20 @@ def test_after_retiring_the_release_publishes_on_a_new_store(path):
     assert path["verify_after"].returncode == 0, path["verify_after"].stderr
     assert json.loads(path["verify_after"].stdout)[0]["ok"] is True
     assert path["log"].exists()  # the new store's own log, in the same place
+
+
+def test_publications_of_a_removed_store_refuse_the_new_one_naming_the_way_out(path):
+    assert path["retire_kept_publication"].returncode == 0, path["retire_kept_publication"].stderr
+    done = path["kept_publication"]
+    assert done.returncode == 2, done.stdout + done.stderr
+    refusals = [line for line in done.stderr.splitlines() if line.startswith("release refused:")]
+    assert len(refusals) == 1 and done.stderr.rstrip().endswith(refusals[0]), done.stderr
+    assert "rolled back: the store has 0 chain entries, but the published manifest" in refusals[0]
+    assert "move that store's publications out of the output folder first" in refusals[0]
+    assert path["ledger_kept_publication"] == 0  # nothing reserved, nothing recorded
+
+
+def test_with_the_publications_moved_aside_the_release_publishes(path):
+    done = path["moved_aside"]
+    assert done.returncode == 0, done.stderr
+    assert "records published" in done.stdout

@@ -111,8 +111,10 @@ def test_a_store_rolled_back_with_its_head_log_is_refused_before_epsilon(rolled_
     store, spec_dict = rolled_back
     ledger_before = _ledger_rows(store)
     assert inspect_store(store).ok  # store and head log agree with each other: alone, they hide the rollback
-    with pytest.raises(StoreCompromised, match=r"rolled back: the store has \d+ chain entries, but the published manifest .*r2"):
+    with pytest.raises(StoreCompromised, match=r"rolled back: the store has \d+ chain entries, but the published manifest .*r2") \
+            as refused:
         _release(spec_dict, "r3")
+    assert "publications out of the output folder" not in str(refused.value)  # a store with entries: no such way out
     assert _ledger_rows(store) == ledger_before  # nothing reserved, nothing recorded
     assert not (Path(spec_dict["output_dir"]) / "r3").exists()
     inspection = inspect_store(store, manifests_in=[Path(spec_dict["output_dir"])])
