@@ -111,7 +111,7 @@ from kepsilon.tasks.publish import (
     write_file,
 )
 from kepsilon.tasks.scratch import Scratch, ScratchLease, private_root
-from kepsilon.tasks.shards import SHARD_KEYS, ShardedClasses, anonymise_shards, merge_shard
+from kepsilon.tasks.shards import SHARD_CODES, SHARD_KEYS, ShardedClasses, anonymise_shards, merge_shard
 from kepsilon.tasks.sources import SourcePlan
 from kepsilon.tasks.validate import validate_aggregated, validation_failure, weight_column_name
 
@@ -496,7 +496,7 @@ def _distribute(spec: ReleaseSpec, plan, table, scratch: Scratch) -> None:
         for piece, offset in zip(plan.pieces, table.offsets)
     ])
     # The shards stay for the certificate's figures (removed after them, or with the scratch at the end).
-    for name in ("classified", "targets", SHARD_KEYS):  # once all its partitions are done
+    for name in ("classified", "targets", SHARD_KEYS, SHARD_CODES):  # once all its partitions are done
         scratch.remove(name)
 
 

@@ -27,7 +27,7 @@ import numpy as np
 import pandas as pd
 
 from kepsilon.engine.anonymise import AnonymisedTuples, hierarchies_from_values
-from kepsilon.engine.criteria import criteria_from_value_counts, load_sensitive_hierarchies
+from kepsilon.engine.criteria import criteria_from_value_counts, declared, load_sensitive_hierarchies
 from kepsilon.engine.histogram import TupleHistogram, concat_disjoint, merge_histograms, take_tuples
 from kepsilon.engine.mondrian_tree import (
     CutTree,
@@ -50,6 +50,7 @@ from .scratch import Scratch
 # tuples (about 0.7 KB each in memory): a worker's share, whatever the table's size.
 MAX_SUBTREE_TUPLES = 200_000
 SHARD_KEYS = "shard-keys"  # scratch: (bucket) the shard's tuples' hashes and classes (``write_shard_classes``)
+SHARD_CODES = "shard-codes"  # scratch: (bucket) the shard's tuples' codes and records (``encoded_shard``)
 
 Each = Callable[[str, Callable, list[tuple]], list]
 
@@ -209,15 +210,33 @@ def _mondrian_on_shards(spec, scratch, buckets, encoding, criteria, rows, each, 
 
 
 def shard_statistics(scratch: Scratch, bucket: int, tree: CutTree, nodes: np.ndarray, encoding: Encoding, criteria) -> NodeStatistics:
-    """One shard's statistics of the open nodes of the top."""
-    return node_statistics(tree, nodes, encoding, scratch.read("shard", bucket), criteria)
+    """One shard's statistics of the open nodes of the top (the shard itself read only for a declared
+    criterion's pairs, or to encode it the first time)."""
+    needed = bool(declared(criteria)) or not scratch.exists(SHARD_CODES, bucket)
+    histogram = scratch.read("shard", bucket) if needed else None
+    codes, weights = encoded_shard(scratch, bucket, encoding, histogram)
+    return node_statistics(tree, nodes, encoding, histogram, criteria, codes=codes, weights=weights)
+
+
+def encoded_shard(scratch: Scratch, bucket: int, encoding: Encoding, shard: TupleHistogram | None = None
+                  ) -> tuple[np.ndarray, np.ndarray]:
+    """The shard's tuples' codes under the release's encoding, and their records: encoded once per shard (the
+    first depth of the top writes them, ``SHARD_CODES``), where every depth and the routing encoded the
+    shard's values again (10M fine rows: the cut statistics' worker CPU 5.5 -> 4.2 s, the routing's 1.4 -> 1.1 s)."""
+    if scratch.exists(SHARD_CODES, bucket):
+        return scratch.read(SHARD_CODES, bucket)
+    shard = scratch.read("shard", bucket) if shard is None else shard
+    encoded = (encoding.codes(shard.tuples), shard.weights)
+    scratch.write(encoded, SHARD_CODES, bucket)
+    return encoded
 
 
 def route_shard(scratch: Scratch, bucket: int, tree: CutTree, encoding: Encoding) -> int:
     """One shard's tuples to the leaves of the top (``leaf``, leaf, bucket: the sub-histogram and the
     tuples' positions in the shard). Returns the leaves it wrote to."""
     shard = scratch.read("shard", bucket)
-    leaf_of = tree.leaf_of(encoding.codes(shard.tuples))
+    codes, _ = encoded_shard(scratch, bucket, encoding, shard)
+    leaf_of = tree.leaf_of(codes)
     leaves = np.unique(leaf_of)
     for leaf in leaves:
         positions = np.flatnonzero(leaf_of == leaf)

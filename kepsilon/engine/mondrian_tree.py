@@ -166,10 +166,17 @@ class NodeStatistics:
 
 
 def node_statistics(
-    tree: CutTree, nodes: np.ndarray, encoding: Encoding, histogram: TupleHistogram, criteria: list[ColumnCriteria]
+    tree: CutTree, nodes: np.ndarray, encoding: Encoding, histogram: TupleHistogram | None, criteria: list[ColumnCriteria],
+    codes: np.ndarray | None = None, weights: np.ndarray | None = None,
 ) -> NodeStatistics:
-    """The statistics of the leaves ``nodes`` of ``tree`` over one shard of the histogram."""
-    codes = encoding.codes(histogram.tuples)
+    """The statistics of the leaves ``nodes`` of ``tree`` over one shard of the histogram.
+
+    ``codes`` and ``weights``: the shard's tuples' codes (:meth:`Encoding.codes`) and records when the caller
+    has them already; ``histogram`` is then needed only for a declared criterion's (tuple, value) pairs."""
+    if codes is None or weights is None:
+        if histogram is None:
+            raise ValueError("node_statistics needs the histogram, or its codes and weights")
+        codes, weights = encoding.codes(histogram.tuples), histogram.weights
     where = np.full(len(tree), -1, dtype=np.int64)
     where[nodes] = np.arange(len(nodes))
     slot = where[tree.leaf_of(codes)]  # −1: a tuple of a leaf not asked about
@@ -178,9 +185,11 @@ def node_statistics(
     records, by_value = [], []
     for j, dimension in enumerate(encoding.dimensions):
         width = dimension.n_distinct
-        flat = np.bincount(slot[inside] * width + codes[j][inside], weights=histogram.weights[inside], minlength=n * width)
+        flat = np.bincount(slot[inside] * width + codes[j][inside], weights=weights[inside], minlength=n * width)
         records.append(np.rint(flat).astype(np.int64).reshape(n, width))
     for criterion in declared(criteria):
+        if histogram is None:
+            raise ValueError("a declared criterion needs the histogram's (tuple, value) pairs")
         m = len(criterion.domain)
         tuple_of_pair, value, count = pair_codes(histogram, criterion)
         pair_slot = slot[tuple_of_pair]
