@@ -51,6 +51,7 @@ from .headlog import (
     head_log_named,
     head_log_path,
     head_log_place,
+    most_advanced,
     read_heads,
 )
 from .store import GENESIS_HASH, busy_timeout_ms, database_file
@@ -376,7 +377,8 @@ def _compare_with_log(conn, entries: int, heads: list[LoggedHead], log_path: Pat
     if log_path is None:
         inspection.head_log = "not checked (in-memory store)"
         return
-    if not heads:
+    latest = most_advanced(heads)
+    if latest is None:
         if entries > 0:
             inspection.problems.append(
                 f"{head_log_named(log_path)} is missing or empty, but the store has {entries} chain entries "
@@ -386,7 +388,6 @@ def _compare_with_log(conn, entries: int, heads: list[LoggedHead], log_path: Pat
             return
         inspection.head_log = f"none yet at {head_log_place(log_path)} (the store has no entries)"
         return
-    latest = max(heads, key=lambda head: head.entries)
     if entries < latest.entries:
         what, cause = f"has {entries} chain entries", "a deleted -wal file, or an older copy restored"
         if conn is None or entries == 0:

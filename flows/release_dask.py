@@ -210,14 +210,11 @@ def require_workers(execution) -> None:
     """Refuse, before ε, a configured cluster with no worker: its scheduler accepts the release's tasks and
     would hold them forever, the release waiting on its first one. A worker that joins within
     ``WORKERS_WAIT_SECONDS`` is waited for (workers started beside the release). A local cluster starts its own."""
-    from prefect.context import FlowRunContext
-    from prefect_dask import DaskTaskRunner
-
-    context = FlowRunContext.get()
-    if not execution.scheduler or context is None or not isinstance(context.task_runner, DaskTaskRunner):
+    client = _cluster_client() if execution.scheduler else None
+    if client is None:
         return
     try:
-        context.task_runner.client.wait_for_workers(1, timeout=WORKERS_WAIT_SECONDS)
+        client.wait_for_workers(1, timeout=WORKERS_WAIT_SECONDS)
     except TimeoutError:
         raise SpecError("execution.scheduler", f"the cluster has no worker (none joined within {WORKERS_WAIT_SECONDS:.0f} s): "
                         "start its workers, or leave execution.scheduler out for a local cluster") from None

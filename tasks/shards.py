@@ -211,9 +211,8 @@ def _mondrian_on_shards(spec, scratch, buckets, encoding, criteria, rows, each, 
 
 def shard_statistics(scratch: Scratch, bucket: int, tree: CutTree, nodes: np.ndarray, encoding: Encoding, criteria) -> NodeStatistics:
     """One shard's statistics of the open nodes of the top (the shard itself read only for a declared
-    criterion's pairs, or to encode it the first time)."""
-    needed = bool(declared(criteria)) or not scratch.exists(SHARD_CODES, bucket)
-    histogram = scratch.read("shard", bucket) if needed else None
+    criterion's pairs, or by :func:`encoded_shard` to encode it the first time)."""
+    histogram = scratch.read("shard", bucket) if declared(criteria) else None
     codes, weights = encoded_shard(scratch, bucket, encoding, histogram)
     return node_statistics(tree, nodes, encoding, histogram, criteria, codes=codes, weights=weights)
 
