@@ -87,6 +87,7 @@ from .ingest import refuse_short_records
 from .publish import csv_records, parquet_bytes
 from .scratch import Scratch
 from .sources import Piece, SourcePlan, plan_source, read_piece
+from .text_codes import concat_encoded, decode_text, encode_text
 
 DATASET = "data.parquet"  # the published Parquet dataset: a folder of parts, in the published order
 DATA_CSV = "data.csv"
@@ -489,14 +490,18 @@ def perturb_and_suppress(
     candidates = np.flatnonzero(published)
     order, runs = by_target(order_ranges(order_keys[candidates], parts))
     chosen = candidates[order]  # the published records, range by range
-    frame = merged.iloc[chosen].reset_index(drop=True)
-    source = kept[source_columns(spec)].iloc[chosen].reset_index(drop=True)  # for the certificate's sketch
+    # Text as codes for the two gathers (here into ranges, at publish into the published order): text_codes.py.
+    encoded_frame, encoded = encode_text(merged)
+    encoded_source, source_encoded = encode_text(kept[source_columns(spec)])  # for the certificate's sketch
+    frame = encoded_frame.iloc[chosen].reset_index(drop=True)
+    source = encoded_source.iloc[chosen].reset_index(drop=True)
     arrays = {"positions": positions[chosen], "order": order_keys[chosen], "keys": keys[chosen]}
     chosen_codes = [column[chosen] for column in codes]
     for target, rows in runs:
         area.write(
             {"frame": frame.iloc[rows].reset_index(drop=True), **{name: values[rows] for name, values in arrays.items()},
-             "codes": [column[rows] for column in chosen_codes], "source": source.iloc[rows].reset_index(drop=True)},
+             "codes": [column[rows] for column in chosen_codes], "source": source.iloc[rows].reset_index(drop=True),
+             "encoded": encoded, "source_encoded": source_encoded},
             "ordered", target, index,
         )
     return ClassPartition(index, len(kept), perturbed.report, suppression.report, groups, classes, errors, empty_like(merged))
@@ -636,22 +641,26 @@ def publish_part(
 
     area = scratch
     loaded = [area.read("ordered", index, piece) for piece in range(pieces) if area.exists("ordered", index, piece)]
+    encoded: tuple[str, ...] = ()
+    source_encoded: tuple[str, ...] = ()
     if loaded:
-        frame = pd.concat([item["frame"] for item in loaded], ignore_index=True)
+        frame, encoded = concat_encoded([item["frame"] for item in loaded], [item["encoded"] for item in loaded])
         positions = np.concatenate([item["positions"] for item in loaded])
         order = np.concatenate([item["order"] for item in loaded])
         keys = np.concatenate([item["keys"] for item in loaded])
         codes = [np.concatenate([item["codes"][n] for item in loaded]) for n in range(len(loaded[0]["codes"]))]
-        source = pd.concat([item["source"] for item in loaded], ignore_index=True)
+        source, source_encoded = concat_encoded([item["source"] for item in loaded],
+                                                [item["source_encoded"] for item in loaded])
     else:
         frame, positions, order, keys = meta.copy(), np.zeros(0, np.int64), np.zeros(0, np.uint64), np.zeros(0, np.int64)
         codes = [np.zeros(0, np.int64) for _ in range(sensitive_columns)]
         source = pd.DataFrame({column: pd.Series([], dtype=object) for column in source_columns(spec)})
     keep = ~np.isin(keys, failing)
     ordered = np.flatnonzero(keep)[np.lexsort((positions[keep], order[keep]))]  # RecordStreams.order's rule
-    frame = frame.iloc[ordered].reset_index(drop=True)
+    frame = decode_text(frame.iloc[ordered].reset_index(drop=True), encoded)
+    source = decode_text(source.iloc[ordered].reset_index(drop=True), source_encoded)
     # The officer's certificate: this part's counts and its first records (tasks/certificate_dask.py).
-    area.write(part_sketch(frame, source.iloc[ordered].reset_index(drop=True), keys[ordered], spec), PART_SKETCH, index)
+    area.write(part_sketch(frame, source, keys[ordered], spec), PART_SKETCH, index)
     name = f"{DATASET}/part-{index:05d}.parquet"
     sha256 = replace_file(Path(staging) / name, parquet_bytes(frame))
     fault_point("worker-publish-part")

@@ -1,0 +1,57 @@
+"""Text carried as codes between stages C and D (tasks/text_codes.py): what comes back is what went in,
+value for value and type for type, across pieces that saw different values."""
+import numpy as np
+import pandas as pd
+import pandas.testing as pdt
+import pytest
+
+from tasks.text_codes import concat_encoded, decode_text, encode_text
+
+
+def _pieces() -> list[pd.DataFrame]:
+    return [
+        pd.DataFrame({"zip": pd.array(["10001", None, "10002"], dtype="str"), "height": [1.5, 2.5, np.nan],
+                      "kind": pd.Categorical(["b", "a", "b"], categories=["b", "a"])}),
+        pd.DataFrame({"zip": pd.array(["10003", "10001"], dtype="str"), "height": [3.5, 4.5],
+                      "kind": pd.Categorical(["a", "a"], categories=["b", "a"])}),
+        pd.DataFrame({"zip": pd.array([None, None], dtype="str"), "height": [5.5, 6.5],
+                      "kind": pd.Categorical(["b", "b"], categories=["b", "a"])}),
+    ]
+
+
+def test_only_text_columns_are_encoded_and_come_back_as_they_were():
+    piece = _pieces()[0]
+    encoded, names = encode_text(piece)
+    assert names == ("zip",)  # the float and the source's own categorical are left alone
+    assert isinstance(encoded["zip"].dtype, pd.CategoricalDtype)
+    assert encoded["kind"].dtype == piece["kind"].dtype
+    assert encoded["zip"].array.codes.tolist() == [0, -1, 1]  # a missing value has no code
+    pdt.assert_frame_equal(decode_text(encoded, names), piece)
+
+
+def test_pieces_with_different_values_join_gather_and_decode_to_the_plain_result():
+    pieces = _pieces()
+    plain = pd.concat(pieces, ignore_index=True)
+    encodings = [encode_text(piece) for piece in pieces]
+    joined, names = concat_encoded([frame for frame, _ in encodings], [own for _, own in encodings])
+    assert names == ("zip",)
+    assert sorted(joined["zip"].cat.categories) == ["10001", "10002", "10003"]  # each value once
+    order = np.array([6, 0, 3, 2, 5, 1, 4])
+    pdt.assert_frame_equal(decode_text(joined.iloc[order].reset_index(drop=True), names),
+                           plain.iloc[order].reset_index(drop=True))
+
+
+def test_pieces_that_disagree_on_what_they_encoded_are_decoded_first():
+    pieces = _pieces()
+    first, first_names = encode_text(pieces[0])
+    joined, names = concat_encoded([first, pieces[1]], [first_names, ()])
+    assert names == ()
+    pdt.assert_frame_equal(joined, pd.concat(pieces[:2], ignore_index=True))
+
+
+def test_a_frame_without_text_is_returned_as_it_is():
+    frame = pd.DataFrame({"height": [1.0, 2.0]})
+    encoded, names = encode_text(frame)
+    assert names == () and encoded is frame
+    with pytest.raises(ValueError, match="at least one piece"):
+        concat_encoded([], [])
