@@ -25,6 +25,7 @@ import numpy as np
 import pandas as pd
 
 from .errors import HierarchyError
+from .sorting import stable_argsort
 
 
 @dataclass(frozen=True)
@@ -154,7 +155,7 @@ class ClassRuns:
 
     @classmethod
     def of(cls, class_ids: np.ndarray) -> "ClassRuns":
-        order = np.argsort(class_ids, kind="stable")
+        order = stable_argsort(class_ids)
         grouped = class_ids[order]
         starts = np.flatnonzero(np.concatenate([[True], grouped[1:] != grouped[:-1]])) if len(grouped) else \
             np.zeros(0, dtype=np.int64)

@@ -12,6 +12,7 @@ import pandas as pd
 
 from .errors import InputError, SpecError
 from .hierarchy import ClassRuns, Hierarchy, lowest_common_levels
+from .sorting import unique_inverse
 
 
 @dataclass
@@ -140,5 +141,5 @@ def _labels_at(hierarchy: Hierarchy, row_level: np.ndarray, leaf_codes: np.ndarr
 
 
 def _dense(class_ids: np.ndarray) -> tuple[np.ndarray, int]:
-    unique, dense = np.unique(np.asarray(class_ids), return_inverse=True)
-    return dense.reshape(-1).astype(np.int64), len(unique)
+    unique, dense = unique_inverse(np.asarray(class_ids))
+    return dense, len(unique)

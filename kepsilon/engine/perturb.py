@@ -79,6 +79,7 @@ import pandas as pd
 
 from .errors import InputError, SpecError
 from .randomness import SEED_BYTES, STREAMS_VERSION, RecordStreams
+from .sorting import unique_inverse
 
 GRID_BITS_BELOW_SCALE = 10  # Λ = 2^(ceil(log2((upper − lower)/ε)) − 10)
 SPACING_MARGIN_BITS = 20  # Λ must span ≥ 2^20 floats at the value's magnitude
@@ -145,8 +146,8 @@ def dense_class_ids(class_ids: np.ndarray, n_rows: int) -> tuple[np.ndarray, int
         present = np.bincount(class_ids.astype(np.int64, copy=False), minlength=1) > 0
         renumber = np.cumsum(present) - 1
         return renumber[class_ids].astype(np.int64), int(present.sum())
-    unique, dense = np.unique(class_ids, return_inverse=True)
-    return dense.astype(np.int64), len(unique)
+    unique, dense = unique_inverse(class_ids)
+    return dense, len(unique)
 
 
 def numeric_column(frame: pd.DataFrame, column: str) -> np.ndarray:

@@ -32,6 +32,7 @@ import hashlib
 import numpy as np
 
 from .errors import SpecError
+from .sorting import stable_argsort
 
 SEED_BYTES = 32
 STREAMS_VERSION = "record-streams/v1"  # recorded in the private report: a change of scheme changes every value
@@ -101,7 +102,7 @@ def _keyed_words(key: int, positions) -> np.ndarray:
     if positions.size and int(positions.max()) - int(positions.min()) >= _SPARSE * positions.size:
         return _philox_first_words(key, positions)
     words = np.empty(positions.size, dtype=np.uint64)
-    by_position = np.argsort(positions, kind="stable")
+    by_position = stable_argsort(positions)
     ordered = positions[by_position]
     first = 0
     while first < ordered.size:

@@ -42,6 +42,7 @@ from .criteria import declared, failing_group_rows
 from .errors import SpecError
 from .partition import published_labels
 from .perturb import dense_class_ids
+from .sorting import stable_argsort, unique_inverse
 
 if TYPE_CHECKING:
     from kepsilon.spec import ReleaseSpec  # the engine reads the spec; the model imports the engine
@@ -94,10 +95,10 @@ class ClassSortedValues:
     """
 
     def __init__(self, dense_ids: np.ndarray, values: np.ndarray):
-        self.distinct, ranks = np.unique(values, return_inverse=True)
+        self.distinct, ranks = unique_inverse(values)
         self.width = np.int64(len(self.distinct) + 1)
-        keys = dense_ids * self.width + ranks.astype(np.int64)
-        self.order = np.argsort(keys, kind="stable")
+        keys = dense_ids * self.width + ranks
+        self.order = stable_argsort(keys)
         self.keys = keys[self.order]
 
     def position(self, dense_ids: np.ndarray, bounds: np.ndarray, inclusive: bool) -> np.ndarray:
@@ -107,7 +108,7 @@ class ClassSortedValues:
         queries = dense_ids * self.width + ranks
         # Searched in sorted order: successive searches then walk the keys forwards instead of probing
         # them at random (a cache miss per step on a large partition). The answers are the same.
-        by_query = np.argsort(queries)
+        by_query = stable_argsort(queries)
         found = np.empty(len(queries), dtype=np.intp)
         found[by_query] = np.searchsorted(self.keys, queries[by_query], side="left")
         return found
