@@ -262,17 +262,25 @@ def identifier_evidence(values: pd.Series, exact: bool = True) -> IdentifierEvid
     the hashes of its distinct values (a partition). Text columns are matched against the patterns."""
     present = values.dropna()
     matched = dict.fromkeys(_PATTERN_REASONS, 0)
-    texts = _texts(present)
+    text = isinstance(present.dtype, pd.StringDtype) or _is_arrow_text(present.dtype)
+    # Typed text is counted per distinct value first (in Arrow), then each distinct value is stripped and
+    # matched once: the records per stripped value are the same as stripping every record first.
+    distinct = present.value_counts(sort=False) if text else None
+    if distinct is not None:
+        texts, records = _texts(pd.Series(distinct.index.array)), distinct.to_numpy()
+    else:
+        texts, records = _texts(present), None
     if texts is not None and len(texts):
-        counts = texts.str.strip().value_counts()
+        stripped = texts.str.strip()
+        counts = (stripped.value_counts() if records is None
+                  else pd.Series(records).groupby(stripped.to_numpy(dtype=object), sort=False).sum())
         for reason in _PATTERN_REASONS:
             matched[reason] = int(counts[[_looks_like(reason, value) for value in counts.index]].sum())
     if exact:
         return IdentifierEvidence(len(present), matched, distinct=int(present.nunique()))
     # Text is equal exactly when it is the same text, so hashing its distinct values (found in Arrow)
     # gives the same set as hashing every record, at a fraction of the work; other types hash every value.
-    text = isinstance(present.dtype, pd.StringDtype) or _is_arrow_text(present.dtype)
-    hashed = present.drop_duplicates() if text else present
+    hashed = pd.Series(distinct.index.array) if distinct is not None else present
     hashes = np.unique(pd.util.hash_pandas_object(hashed, index=False).to_numpy(dtype=np.uint64))
     return IdentifierEvidence(len(present), matched, hashes=hashes)
 

@@ -88,3 +88,19 @@ def test_the_shipped_specs_pass_identifier_detection(name):
     if name == "paper-synthetic":
         assert "email" in identifier_reasons(frame["EMAIL"]) and "near_unique" in identifier_reasons(frame["ID"])
         assert {"EMAIL", "ID"} <= set(roles["explicit"])
+
+
+def test_a_partitions_evidence_counts_stripped_text_per_record_as_the_whole_tables_does():
+    """Typed text is counted per distinct value before stripping (tasks/classify.identifier_evidence): the
+    records matched, the records present and the distinct values are those of stripping every record."""
+    from kepsilon.tasks.classify import identifier_evidence
+
+    texts = [" ann@example.org", "ann@example.org ", "ann@example.org", "bob@example.org", None, "no one", " no one"] * 30
+    values = pd.Series(pd.array(texts, dtype="str"))
+    exact = identifier_evidence(values, exact=True)
+    partition = identifier_evidence(values, exact=False)
+    assert exact.matched["email"] == partition.matched["email"] == 4 * 30
+    assert exact.present == partition.present == 6 * 30
+    assert exact.distinct_values() == partition.distinct_values() == 6  # distinct as written, unstripped
+    as_objects = identifier_evidence(values.astype(object), exact=False)  # the per-record path
+    assert as_objects.matched == partition.matched
