@@ -65,6 +65,7 @@ from kepsilon.engine.partition import published_labels
 from kepsilon.engine.perturb import source_positions
 from kepsilon.engine.predict import Prediction, predict
 from kepsilon.engine.randomness import RecordStreams
+from kepsilon.engine.sorting import unique_inverse
 from kepsilon.engine.stages import noise_and_suppress
 from kepsilon.faults import fault_point
 from kepsilon.flows.spec import ReleaseSpec
@@ -370,12 +371,12 @@ class GroupCounts:
 
     @classmethod
     def count(cls, keys: np.ndarray, codes: list[np.ndarray]) -> "GroupCounts":
-        unique, sizes = np.unique(keys, return_counts=True)
-        values = [
-            pd.DataFrame({"key": keys, "code": column}).value_counts(sort=False).rename("records").reset_index()
-            for column in codes
-        ]
-        return cls(unique, sizes.astype(np.int64), values)
+        """Records per group key, and per (key, code) of each sensitive column, both in key (then code) order.
+        Each pair is one integer (the key's rank among the keys × the domain's width + the code), counted
+        after one sort of values, not by a hashed group-by over two columns."""
+        unique, rank = unique_inverse(np.asarray(keys, dtype=np.int64))
+        sizes = np.bincount(rank, minlength=len(unique)).astype(np.int64)
+        return cls(unique, sizes, [_pair_counts(unique, rank, np.asarray(column, dtype=np.int64)) for column in codes])
 
     @classmethod
     def empty(cls, columns: int) -> "GroupCounts":
@@ -413,6 +414,16 @@ class GroupCounts:
                 table["records"].to_numpy(dtype=np.float64),
             ))
         return result
+
+
+def _pair_counts(unique: np.ndarray, rank: np.ndarray, codes: np.ndarray) -> pd.DataFrame:
+    """Records per (key, code): columns key, code, records, one row per pair present, sorted."""
+    width = int(codes.max()) + 1 if len(codes) else 1  # codes are ≥ 0 (GroupCoder.value_codes refuses others)
+    pairs = np.sort(rank * width + codes)
+    starts = np.flatnonzero(np.concatenate([[True], pairs[1:] != pairs[:-1]])) if len(pairs) else np.zeros(0, np.int64)
+    records = np.diff(np.append(starts, len(pairs))).astype(np.int64)
+    present = pairs[starts]
+    return pd.DataFrame({"key": unique[present // width], "code": present % width, "records": records})
 
 
 def failing_groups(groups: GroupCounts, criteria: list) -> np.ndarray:

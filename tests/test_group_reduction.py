@@ -269,3 +269,20 @@ def test_the_written_sizes_gathered_from_the_buckets_are_the_whole_tables(bucket
     assert np.array_equal(gathered.keys, whole.keys) and np.array_equal(gathered.sizes, whole.sizes)
     assert gathered.keys.dtype == whole.keys.dtype and gathered.sizes.dtype == whole.sizes.dtype
     assert GroupSizes.gather([]).keys.dtype == np.int64
+
+
+def test_a_partitions_group_counts_are_pandas_counts_of_its_keys_and_codes():
+    """``GroupCounts.count`` (pairs as one integer, counted after a sort) gives pandas' counts of the
+    (key, code) pairs, sorted by key then code, and ``np.unique``'s keys and sizes."""
+    rng = np.random.default_rng(5)
+    keys = rng.integers(-2**40, 2**40, size=300)[rng.integers(0, 300, size=20_000)]  # mixed-radix keys: large
+    codes = [rng.integers(0, 3, size=len(keys)), rng.integers(0, 700, size=len(keys))]
+    counted = GroupCounts.count(keys, codes)
+    unique, sizes = np.unique(keys, return_counts=True)
+    assert np.array_equal(counted.keys, unique) and np.array_equal(counted.sizes, sizes)
+    for table, column in zip(counted.values, codes):
+        expected = (pd.DataFrame({"key": keys, "code": column}).value_counts().rename("records").reset_index()
+                    .sort_values(["key", "code"]).reset_index(drop=True))
+        pd.testing.assert_frame_equal(table, expected)
+    empty = GroupCounts.count(np.zeros(0, np.int64), [np.zeros(0, np.int64)])
+    assert len(empty.keys) == 0 and list(empty.values[0].columns) == ["key", "code", "records"]

@@ -5,7 +5,7 @@ import pandas as pd
 import pandas.testing as pdt
 import pytest
 
-from tasks.text_codes import concat_encoded, decode_text, encode_text
+from kepsilon.tasks.text_codes import concat_encoded, decode_text, encode_text
 
 
 def _pieces() -> list[pd.DataFrame]:
