@@ -21,7 +21,7 @@ import pandas as pd
 def encode_text(frame: pd.DataFrame) -> tuple[pd.DataFrame, tuple[str, ...]]:
     """``frame`` with every column of a string type as a categorical of its values, and those columns'
     names. Other columns are shared, not copied."""
-    encoded = tuple(str(column) for column in frame.columns if isinstance(frame[column].dtype, pd.StringDtype))
+    encoded = tuple(column for column in frame.columns if isinstance(frame[column].dtype, pd.StringDtype))
     if not encoded:
         return frame, encoded
     columns = {}

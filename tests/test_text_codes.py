@@ -55,3 +55,10 @@ def test_a_frame_without_text_is_returned_as_it_is():
     assert names == () and encoded is frame
     with pytest.raises(ValueError, match="at least one piece"):
         concat_encoded([], [])
+
+
+def test_columns_are_named_as_the_frame_names_them():
+    frame = pd.DataFrame({0: pd.array(["a", "b", "a"], dtype="str"), "n": [1, 2, 3]})
+    encoded, names = encode_text(frame)
+    assert names == (0,)
+    pdt.assert_frame_equal(decode_text(encoded.iloc[[2, 0]], names), frame.iloc[[2, 0]])
