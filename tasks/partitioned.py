@@ -419,11 +419,8 @@ class GroupCounts:
 def _pair_counts(unique: np.ndarray, rank: np.ndarray, codes: np.ndarray) -> pd.DataFrame:
     """Records per (key, code): columns key, code, records, one row per pair present, sorted."""
     width = int(codes.max()) + 1 if len(codes) else 1  # codes are ≥ 0 (GroupCoder.value_codes refuses others)
-    pairs = np.sort(rank * width + codes)
-    starts = np.flatnonzero(np.concatenate([[True], pairs[1:] != pairs[:-1]])) if len(pairs) else np.zeros(0, np.int64)
-    records = np.diff(np.append(starts, len(pairs))).astype(np.int64)
-    present = pairs[starts]
-    return pd.DataFrame({"key": unique[present // width], "code": present % width, "records": records})
+    present, records = np.unique(rank * width + codes, return_counts=True)  # a sort of values, then runs
+    return pd.DataFrame({"key": unique[present // width], "code": present % width, "records": records.astype(np.int64)})
 
 
 def failing_groups(groups: GroupCounts, criteria: list) -> np.ndarray:
