@@ -261,21 +261,16 @@ def identifier_evidence(values: pd.Series, exact: bool = True) -> IdentifierEvid
     """The column's :class:`IdentifierEvidence`: its distinct count when ``exact`` (a whole table), else
     the hashes of its distinct values (a partition). Text columns are matched against the patterns."""
     present = values.dropna()
-    matched = dict.fromkeys(_PATTERN_REASONS, 0)
     text = isinstance(present.dtype, pd.StringDtype) or _is_arrow_text(present.dtype)
-    # Typed text is counted per distinct value first (in Arrow), then each distinct value is stripped and
-    # matched once: the records per stripped value are the same as stripping every record first.
+    # Typed text is counted per distinct value first (in Arrow), then each distinct value that may match is
+    # stripped and matched once: the records per stripped value are the same as stripping every record first.
     distinct = present.value_counts(sort=False) if text else None
     if distinct is not None:
-        texts, records = _texts(pd.Series(distinct.index.array)), distinct.to_numpy()
+        matched = _matched_records(pd.Series(distinct.index.array), distinct.to_numpy())
     else:
-        texts, records = _texts(present), None
-    if texts is not None and len(texts):
-        stripped = texts.str.strip()
-        counts = (stripped.value_counts() if records is None
-                  else pd.Series(records).groupby(stripped.to_numpy(dtype=object), sort=False).sum())
-        for reason in _PATTERN_REASONS:
-            matched[reason] = int(counts[[_looks_like(reason, value) for value in counts.index]].sum())
+        texts = _texts(present)
+        counts = texts.value_counts(sort=False) if texts is not None else pd.Series([], dtype=np.int64)
+        matched = _matched_records(pd.Series(counts.index.array), counts.to_numpy())
     if exact:
         return IdentifierEvidence(len(present), matched, distinct=int(present.nunique()))
     # Text is equal exactly when it is the same text, so hashing its distinct values (found in Arrow)
@@ -283,6 +278,47 @@ def identifier_evidence(values: pd.Series, exact: bool = True) -> IdentifierEvid
     hashed = pd.Series(distinct.index.array) if distinct is not None else present
     hashes = np.unique(pd.util.hash_pandas_object(hashed, index=False).to_numpy(dtype=np.uint64))
     return IdentifierEvidence(len(present), matched, hashes=hashes)
+
+
+def _matched_records(texts: pd.Series, records: np.ndarray) -> dict[str, int]:
+    """Per pattern, the records whose value, stripped, looks like it (:func:`_looks_like`). ``texts``: a
+    column's text values, each once as written; ``records``: how many records hold each.
+
+    Only values that pass :func:`_may_look_like` (checked in Arrow, over every value at once) are
+    stripped and matched in Python; the others cannot match, so the counts are those of matching all."""
+    matched = dict.fromkeys(_PATTERN_REASONS, 0)
+    if not len(texts):
+        return matched
+    possible = _may_look_like(texts)
+    rows = np.flatnonzero(np.logical_or.reduce(list(possible.values())))
+    stripped = [str(value).strip() for value in texts.iloc[rows]]
+    for reason in _PATTERN_REASONS:
+        hits = [row for row, value, may in zip(rows, stripped, possible[reason][rows]) if may and _looks_like(reason, value)]
+        matched[reason] = int(records[hits].sum())
+    return matched
+
+
+# A character Python's ``\d`` may match (ASCII digits; every other decimal digit lies above U+007F).
+_MAYBE_DIGIT = r"[0-9\x{80}-\x{10FFFF}]"
+# What each pattern needs of a value, whatever whitespace surrounds it: searched by Arrow (RE2), each is
+# met by every value the pattern matches once stripped (a superset, never a subset).
+_NEEDS = {
+    "email": r"@",  # ^[^@\s]+@...
+    "url": r"://|[wW][wW][wW]\.",  # a scheme, or www. (no other character folds to w under IGNORECASE)
+    "ip_address": r":|[0-9]{1,3}\.[0-9]{1,3}\.[0-9]{1,3}\.[0-9]{1,3}",  # IPv6 has colons, IPv4 four ASCII octets
+    "national_id": rf"(?s)(?:.*?{_MAYBE_DIGIT}){{6}}",  # each form has at least 6 digits
+    "phone": rf"(?s)(?:.*?{_MAYBE_DIGIT}){{7}}",  # 7-15 digits
+}
+
+
+def _may_look_like(texts: pd.Series) -> dict[str, np.ndarray]:
+    """Per pattern, which values may look like it (:data:`_NEEDS`), searched in Arrow."""
+    import pyarrow as pa
+    import pyarrow.compute as pc
+
+    array = pa.array(texts.array, type=pa.large_string())  # text already (Arrow, or str from _texts)
+    return {reason: pc.fill_null(pc.match_substring_regex(array, pattern), False).to_numpy(zero_copy_only=False)
+            for reason, pattern in _NEEDS.items()}
 
 
 def identifier_reasons(values: pd.Series, near_unique: bool = True) -> list[str]:

@@ -104,3 +104,28 @@ def test_a_partitions_evidence_counts_stripped_text_per_record_as_the_whole_tabl
     assert exact.distinct_values() == partition.distinct_values() == 6  # distinct as written, unstripped
     as_objects = identifier_evidence(values.astype(object), exact=False)  # the per-record path
     assert as_objects.matched == partition.matched
+
+
+def test_values_that_cannot_match_are_skipped_without_changing_any_count():
+    """identifier_evidence matches in Python only the values Arrow finds may match (tasks/classify._NEEDS):
+    the counts equal matching every stripped value, for each text type, with digits outside ASCII (Python's
+    \\d matches them) and surrounding whitespace."""
+    import random
+
+    from kepsilon.tasks.classify import _PATTERN_REASONS, _looks_like, identifier_evidence
+
+    def every_value(values: pd.Series) -> dict[str, int]:
+        stripped = values.dropna().map(lambda value: value.strip()).value_counts()
+        return {reason: int(stripped[[_looks_like(reason, text) for text in stripped.index]].sum()) for reason in _PATTERN_REASONS}
+
+    kinds = ["a@b.org", " x@y.co ", "http://e.x/a", "WWW.example.com", "ftp://q", "192.168.0.1", " 10.0.0.255\n", "::1",
+             "fe80::1%eth0", "1.2.3.4.5", "999.1.1.1", "+353 1 234 5678", "(01) 234-5678", "01 234 5678", "1976-1977",
+             "2020-01-02 12 34", "123-45-6789", "AB 12 34 56 C", "1234567T", "AB1234567", "١٢٣٤٥٦٧٨", "٠١ ٢٣٤ ٥٦٧٨",
+             "１２３４５６７", "A01.2", "12345.67", "\t+1 (555) 123-4567\t", "K123456", "", " ", "1\n2\n3\n4\n5\n6\n7", "01.2.3.4"]
+    draw = random.Random(7)
+    texts = [draw.choice(kinds) for _ in range(2000)] + [str(draw.randrange(10**9)) for _ in range(300)] + [None] * 5
+    expected = every_value(pd.Series(texts, dtype=object))
+    assert all(expected.values()), "the sample exercises every pattern"
+    for dtype in ("str", pd.ArrowDtype(__import__("pyarrow").string())):
+        assert identifier_evidence(pd.Series(pd.array(texts, dtype=dtype)), exact=False).matched == expected
+    assert identifier_evidence(pd.Series(texts, dtype=object), exact=True).matched == expected
