@@ -38,10 +38,12 @@ the record in the audit store only, never the public manifest).
 
 from __future__ import annotations
 
+import json
 import logging
 import math
 import numbers
 import os
+import threading
 import uuid
 from dataclasses import dataclass, field
 from typing import Any, ClassVar
@@ -615,7 +617,7 @@ def _run_suite(published: pd.DataFrame, expectations: list[tuple[str, Any]]) -> 
     """
     outcomes = {name: False for name, _ in expectations}
     try:
-        results = _validation_definition(expectations).run(
+        results = _suite_for(expectations).run(
             batch_parameters={"dataframe": published},
             result_format="BOOLEAN_ONLY",
         )
@@ -631,6 +633,27 @@ def _run_suite(published: pd.DataFrame, expectations: list[tuple[str, Any]]) -> 
         passed[name] = passed.get(name, True) and ok
     outcomes.update(passed)
     return outcomes
+
+
+_SUITES = threading.local()  # per thread: a Great Expectations context is not made to be shared
+_SUITE_RUNS = 256  # a fresh context after so many runs, whatever a context keeps of each run
+
+
+def _suite_for(expectations: list[tuple[str, Any]]):
+    """The validation definition of these expectations, built once per thread and reused while the
+    expectations' configurations are the same. A Dask worker checks every part and every bucket of a
+    release against the same few suites; building a context, its data source and a suite took most of
+    each check's time (about 0.08 s of a 500,000-row part's 0.17 s)."""
+    key = json.dumps([(name, expectation.configuration.to_json_dict()) for name, expectation in expectations],
+                     sort_keys=True, default=str)
+    if getattr(_SUITES, "definitions", None) is None or _SUITES.runs >= _SUITE_RUNS:
+        _SUITES.definitions, _SUITES.runs = {}, 0
+    _SUITES.runs += 1
+    if key not in _SUITES.definitions:
+        if len(_SUITES.definitions) >= 8:
+            _SUITES.definitions.clear()
+        _SUITES.definitions[key] = _validation_definition(expectations)
+    return _SUITES.definitions[key]
 
 
 def _validation_definition(expectations: list[tuple[str, Any]]):

@@ -220,6 +220,7 @@ def test_suite_that_raises_fails_closed_without_leaking(monkeypatch, caplog):
             raise RuntimeError("QZXsecret value in an exception")
 
     monkeypatch.setattr(validate_module, "_validation_definition", lambda expectations: Exploding())
+    monkeypatch.setattr(validate_module, "_SUITES", __import__("threading").local())  # no suite built before
     with caplog.at_level(logging.WARNING):
         report = run(good_frame())
     assert [c["name"] for c in report.checks if c["success"]] == ["records_published", "suppression_within_budget"]
@@ -280,3 +281,23 @@ def test_published_must_be_a_dataframe():
     with pytest.raises(SpecError) as caught:
         run(good_frame().to_dict())
     assert caught.value.parameter == "published"
+
+
+def test_a_threads_part_checks_build_their_suite_once_and_judge_each_frame_afresh(monkeypatch):
+    """validate_part reuses its validation definition (tasks/validate._suite_for) across parts: one build,
+    and each part's verdict is its own frame's."""
+    import threading
+
+    import kepsilon.tasks.validate as validate_module
+
+    builds = []
+    build = validate_module._validation_definition
+    monkeypatch.setattr(validate_module, "_SUITES", threading.local())
+    monkeypatch.setattr(validate_module, "_validation_definition", lambda expectations: builds.append(1) or build(expectations))
+    columns = {"k_quasi": ["age"], "e_quasi": ["income"], "explicit": ["name"]}
+    good = pd.DataFrame({"age": ["30-39"] * 4, "income": [1.0, 2.0, 3.0, 4.0]})
+    infinite = good.assign(income=[1.0, np.inf, 3.0, 4.0])
+    verdicts = [validate_module.validate_part(frame, **columns) for frame in (good, infinite, good.drop(columns="age"), good)]
+    assert [sorted(name for name, passed in verdict.items() if not passed) for verdict in verdicts] == [
+        [], ["e_quasi_numeric_finite:income"], ["k_quasi_columns_present"], []]
+    assert len(builds) == 1
