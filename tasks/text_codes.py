@@ -8,22 +8,33 @@ published order (D). So stage C turns each text column into a categorical (its d
 an integer code per record) just before its gather, and stage D turns it back into the same text, of the
 same type, once the records are in their published order.
 
-Only columns of a pandas string type are encoded, and each piece says which (``encoded``): a column that
-came from the source as a categorical (a Parquet dictionary) stays one and is published as one. A
-missing value stays missing: it has no code (-1) and is given back as its type's missing value.
+Only text columns are encoded (a pandas string type, or Arrow's ``string``/``large_string`` as a CSV's
+sensitive columns are read), and each piece says which (``encoded``): a column that came from the source
+as a categorical (a Parquet dictionary) stays one and is published as one. A missing value stays
+missing: it has no code (-1) and is given back as its type's missing value.
 """
 from __future__ import annotations
 
 import numpy as np
 import pandas as pd
+import pyarrow as pa
 
 
-def encode_text(frame: pd.DataFrame) -> tuple[pd.DataFrame, tuple[str, ...]]:
-    """``frame`` with every column of a string type as a categorical of its values, and those columns'
-    names. Other columns are shared, not copied."""
-    encoded = tuple(column for column in frame.columns if isinstance(frame[column].dtype, pd.StringDtype))
+def is_text(dtype) -> bool:
+    """Whether a column of this dtype is encoded: pandas' string types and Arrow's text types."""
+    if isinstance(dtype, pd.StringDtype):
+        return True
+    return isinstance(dtype, pd.ArrowDtype) and (pa.types.is_string(dtype.pyarrow_dtype)
+                                                 or pa.types.is_large_string(dtype.pyarrow_dtype))
+
+
+def encode_text(frame: pd.DataFrame, coded: tuple[str, ...] = ()) -> tuple[pd.DataFrame, tuple[str, ...]]:
+    """``frame`` with every column of a string type as a categorical of its values, and the names of the
+    columns to give back as text: those, after ``coded`` (columns made as categoricals of text already,
+    as stage C makes the k-quasi labels). Other columns are shared, not copied."""
+    encoded = tuple(column for column in frame.columns if column not in coded and is_text(frame[column].dtype))
     if not encoded:
-        return frame, encoded
+        return frame, tuple(coded) + encoded
     columns = {}
     for column in frame.columns:
         if column in encoded:
@@ -31,7 +42,7 @@ def encode_text(frame: pd.DataFrame) -> tuple[pd.DataFrame, tuple[str, ...]]:
             columns[column] = pd.Categorical.from_codes(codes, dtype=pd.CategoricalDtype(distinct))
         else:
             columns[column] = frame[column].array
-    return pd.DataFrame(columns, index=frame.index), encoded
+    return pd.DataFrame(columns, index=frame.index), tuple(coded) + encoded
 
 
 def concat_encoded(frames: list[pd.DataFrame], encodings: list[tuple[str, ...]]) -> tuple[pd.DataFrame, tuple[str, ...]]:
@@ -44,15 +55,19 @@ def concat_encoded(frames: list[pd.DataFrame], encodings: list[tuple[str, ...]])
     if any(other != encoded for other in encodings):
         decoded = [decode_text(frame, own) for frame, own in zip(frames, encodings)]
         return pd.concat(decoded, ignore_index=True), ()
-    joined = pd.concat([frame.drop(columns=list(encoded)) for frame in frames], ignore_index=True)
-    for column in encoded:
-        joined[column] = _union(frames, column)
-    return joined[list(frames[0].columns)], encoded
+    # Column by column: dropping the encoded columns from each piece first copied every other column.
+    columns = {column: (_union(frames, column) if column in encoded
+                        else pd.concat([frame[column] for frame in frames], ignore_index=True).array)
+               for column in frames[0].columns}
+    return pd.DataFrame(columns), encoded
 
 
 def _union(frames: list[pd.DataFrame], column: str) -> pd.Categorical:
     pieces = [frame[column].array for frame in frames]
-    every = pd.Index(pd.concat([pd.Series(piece.categories) for piece in pieces], ignore_index=True))
+    first = pieces[0].categories
+    if all(piece.categories is first or piece.categories.equals(first) for piece in pieces[1:]):
+        return pd.Categorical.from_codes(np.concatenate([piece.codes for piece in pieces]), dtype=pieces[0].dtype)
+    every = first.append([piece.categories for piece in pieces[1:]])
     numbered, distinct = pd.factorize(every)
     codes, start = [], 0
     for piece in pieces:

@@ -62,3 +62,24 @@ def test_columns_are_named_as_the_frame_names_them():
     encoded, names = encode_text(frame)
     assert names == (0,)
     pdt.assert_frame_equal(decode_text(encoded.iloc[[2, 0]], names), frame.iloc[[2, 0]])
+
+
+def test_arrow_text_is_encoded_and_given_back_in_its_arrow_type():
+    """A CSV's sensitive column is read as Arrow ``string``: it is carried as codes too, and comes back as
+    the same Arrow type, nulls included, across pieces with the same and with different values."""
+    import pyarrow as pa
+
+    text = pd.ArrowDtype(pa.string())
+    pieces = [pd.DataFrame({"icd": pd.array(values, dtype=text), "n": range(len(values))})
+              for values in (["A01.2", None, "B20"], ["B20", "A01.2"], ["C30", None])]
+    encodings = [encode_text(piece) for piece in pieces]
+    assert [names for _, names in encodings] == [("icd",)] * 3
+    joined, names = concat_encoded([frame for frame, _ in encodings], [own for _, own in encodings])
+    order = np.array([4, 0, 6, 2, 5, 1, 3])
+    plain = pd.concat(pieces, ignore_index=True)
+    decoded = decode_text(joined.iloc[order].reset_index(drop=True), names)
+    assert decoded["icd"].dtype == text
+    pdt.assert_frame_equal(decoded, plain.iloc[order].reset_index(drop=True))
+    same = [encode_text(pieces[1]), encode_text(pieces[1])]  # the same categories: codes joined as they are
+    joined, names = concat_encoded([frame for frame, _ in same], [own for _, own in same])
+    pdt.assert_frame_equal(decode_text(joined, names), pd.concat([pieces[1]] * 2, ignore_index=True))
