@@ -44,7 +44,7 @@ from prefect import task
 from prefect.cache_policies import NO_CACHE
 
 from kepsilon.engine import risk, utility
-from kepsilon.engine.partition import published_labels
+from kepsilon.engine.partition import label_table, published_label_codes
 from kepsilon.engine.perturb import public_grid
 
 from .certificate import (
@@ -177,27 +177,29 @@ def part_sketch(frame: pd.DataFrame, source: pd.DataFrame, keys: np.ndarray, spe
 # --------------------------------------------------------------------------- predicted groups (class partitions)
 
 
-def predicted_sketch(kept: pd.DataFrame, class_ids: np.ndarray, spec, hierarchies: dict, levels: dict | None) -> dict:
+def predicted_sketch(kept: pd.DataFrame, class_ids: np.ndarray, spec, hierarchies: dict, levels: dict | None,
+                     leaf_codes: dict[str, np.ndarray] | None = None) -> dict:
     """One class partition's predicted groups: per label combination its records and sampling weights' sum.
 
     A class partition holds whole classes, so each record's label is the in-memory path's
     (``certificate.predicted_labels``: every kept record published); a label combination may still
     come from classes of several partitions, hence the reduction by labels (:func:`add_predicted`).
+    The combinations are counted on the labels' numbers, in order of first occurrence, and only each
+    combination's first record's labels become text. ``leaf_codes``: as ``published_label_codes`` takes them.
     """
     k_quasi = [q.column for q in spec.roles.k_quasi]
-    labels = published_labels(kept[k_quasi], class_ids, np.ones(len(kept), dtype=bool), hierarchies, levels)
-    codes = labels.groupby(k_quasi, sort=False, dropna=False, observed=True).ngroup().to_numpy() if len(labels) else \
-        np.zeros(0, dtype=np.int64)
-    groups = int(codes.max()) + 1 if len(codes) else 0
-    firsts = np.full(groups, len(codes), dtype=np.int64)
-    np.minimum.at(firsts, codes, np.arange(len(codes), dtype=np.int64))
+    numbers = published_label_codes(kept[k_quasi], class_ids, np.ones(len(kept), dtype=bool), hierarchies, levels, leaf_codes)
+    distinct = {column: label_table(hierarchies[column])[1] for column in k_quasi}
+    combined = combination_codes({column: (numbers[column], len(distinct[column])) for column in k_quasi}, k_quasi, len(kept))
+    codes, firsts = first_occurrences(combined)
+    groups = len(firsts)
     weight = _weight_column(spec)
     weight_sums = None
     if weight is not None:
         weights = pd.to_numeric(kept[weight], errors="coerce").to_numpy(dtype=np.float64)
         weight_sums = np.bincount(codes, weights=weights, minlength=groups)
-    return {"labels": labels.iloc[firsts].reset_index(drop=True), "records": np.bincount(codes, minlength=groups),
-            "weight_sums": weight_sums}
+    labels = pd.DataFrame({column: distinct[column].take(numbers[column][firsts]) for column in k_quasi})
+    return {"labels": labels, "records": np.bincount(codes, minlength=groups), "weight_sums": weight_sums}
 
 
 def predicted_partition(index: int, pieces: int, scratch, spec, hierarchies: dict, levels: dict | None) -> int:

@@ -61,7 +61,7 @@ from kepsilon.engine.assemble import merge_release_columns
 from kepsilon.engine.criteria import MISSING, declared, domain_codes, group_value_counts
 from kepsilon.engine.histogram import TupleHistogram, _add_counts
 from kepsilon.engine.metrics import errors_by_class, expected_relative_errors, linked_records
-from kepsilon.engine.partition import published_labels
+from kepsilon.engine.partition import label_table, published_label_codes
 from kepsilon.engine.perturb import source_positions
 from kepsilon.engine.predict import Prediction, predict
 from kepsilon.engine.randomness import RecordStreams
@@ -484,13 +484,17 @@ def perturb_and_suppress(
     roles = spec.roles.names()
     perturbed, suppression = noise_and_suppress(kept, class_ids, spec, streams)  # the engine's steps 1 and 2
     published = ~suppression.removed  # diversity suppression (step 3) needs every partition: at publish
-    labels = published_labels(kept[roles["k_quasi"]], class_ids, published, hierarchies, levels)
+    k_quasi = roles["k_quasi"]
+    # Each k-quasi matched against its hierarchy's leaves once, for the labels and the predicted groups.
+    leaves = {column: hierarchies[column].leaf_codes(kept[column]) for column in k_quasi if column in hierarchies}
+    labels = label_categoricals(published_label_codes(kept[k_quasi], class_ids, published, hierarchies, levels, leaves),
+                                hierarchies, kept.index)
     merged = merge_release_columns(labels, kept, perturbed.frame, roles)
     keys = coder.keys(labels)
     codes = [coder.value_codes(number, kept[column]) for number, column in enumerate(coder.sensitive)]
     groups = GroupCounts.count(keys[published], [column[published] for column in codes])
     if not area.exists(PREDICTED_SKETCH, index):  # the certificate's predicted groups (made before ε with a risk gate)
-        area.write(predicted_sketch(kept, class_ids, spec, hierarchies, levels), PREDICTED_SKETCH, index)
+        area.write(predicted_sketch(kept, class_ids, spec, hierarchies, levels, leaves), PREDICTED_SKETCH, index)
     classes = _class_table(kept, perturbed, class_ids, published, keys, spec)
     errors = _error_sums(kept, perturbed, spec)
     positions = source_positions(kept)
@@ -499,7 +503,7 @@ def perturb_and_suppress(
     order, runs = by_target(order_ranges(order_keys[candidates], parts))
     chosen = candidates[order]  # the published records, range by range
     # Text as codes for the two gathers (here into ranges, at publish into the published order): text_codes.py.
-    encoded_frame, encoded = encode_text(merged)
+    encoded_frame, encoded = encode_text(merged, coded=tuple(k_quasi))  # the labels are codes already
     encoded_source, source_encoded = encode_text(kept[source_columns(spec)])  # for the certificate's sketch
     frame = encoded_frame.iloc[chosen].reset_index(drop=True)
     source = encoded_source.iloc[chosen].reset_index(drop=True)
@@ -512,7 +516,16 @@ def perturb_and_suppress(
              "encoded": encoded, "source_encoded": source_encoded},
             "ordered", target, index,
         )
-    return ClassPartition(index, len(kept), perturbed.report, suppression.report, groups, classes, errors, empty_like(merged))
+    return ClassPartition(index, len(kept), perturbed.report, suppression.report, groups, classes, errors,
+                          empty_like(decode_text(encoded_frame.iloc[:0], encoded)))  # the published types
+
+
+def label_categoricals(codes: dict[str, np.ndarray], hierarchies: dict, index: pd.Index) -> pd.DataFrame:
+    """The labels of ``published_label_codes`` as categoricals over each hierarchy's distinct labels: the
+    partition's records are gathered twice before publication (text_codes.py), and the labels need not
+    become text before then."""
+    return pd.DataFrame({column: pd.Categorical.from_codes(numbers, dtype=pd.CategoricalDtype(label_table(hierarchies[column])[1]))
+                         for column, numbers in codes.items()}, index=index)
 
 
 def predict_partition(index: int, pieces: int, scratch: Scratch, spec: ReleaseSpec, draws: int, seed: int) -> Prediction:

@@ -104,13 +104,25 @@ def published_labels(
     Raises ``SpecError`` for a column without a hierarchy: its only labels would be the class's
     true values or extremes.
     """
+    codes = published_label_codes(frame, class_ids, published, hierarchies, levels)
+    return pd.DataFrame({column: label_table(hierarchies[column])[1].take(codes[column]) for column in frame.columns},
+                        index=frame.index)
+
+
+def published_label_codes(
+    frame: pd.DataFrame, class_ids: np.ndarray, published: np.ndarray, hierarchies, levels: dict | None = None,
+    leaf_codes: dict[str, np.ndarray] | None = None,
+) -> dict[str, np.ndarray]:
+    """:func:`published_labels` as numbers: per column, each row's label as its position among the
+    hierarchy's distinct labels (:func:`label_table`). ``leaf_codes``: each column's
+    ``Hierarchy.leaf_codes``, when the caller has them already (they match text: once per partition)."""
     dense_ids, n_classes = _dense(class_ids)
     published = np.asarray(published, dtype=bool)
     runs = None
     if levels is None and published.any():  # the published members by class, sorted once for every column
         members = np.flatnonzero(published)
         runs = ClassRuns.of(dense_ids[members])
-    labels = {}
+    codes = {}
     for column in frame.columns:
         hierarchy = hierarchies.get(column)
         if hierarchy is None:
@@ -119,25 +131,27 @@ def published_labels(
                 "needs a hierarchy (a file or a builder: intervals, masking, dates); without one its labels "
                 "would print the class's true values",
             )
-        leaf_codes = hierarchy.leaf_codes(frame[column])
+        leaves = leaf_codes[column] if leaf_codes is not None else hierarchy.leaf_codes(frame[column])
         if levels is not None:
             class_level = np.full(n_classes, int(levels[column]), dtype=np.int64)
         else:
             class_level = np.full(n_classes, hierarchy.height - 1, dtype=np.int64)
             if runs is not None:
-                found = lowest_common_levels(leaf_codes[members], dense_ids[members], hierarchy, runs)
+                found = lowest_common_levels(leaves[members], dense_ids[members], hierarchy, runs)
                 class_level[:len(found)] = found  # classes past the last published one keep the top level
         row_level = np.where(published, class_level[dense_ids], hierarchy.height - 1)
-        labels[column] = _labels_at(hierarchy, row_level, leaf_codes)
-    return pd.DataFrame(labels, index=frame.index)
+        positions, _ = label_table(hierarchy)
+        first = np.cumsum([0] + [len(level) for level in hierarchy.labels[:-1]], dtype=np.int64)
+        codes[column] = positions[first[row_level] + leaves]
+    return codes
 
 
-def _labels_at(hierarchy: Hierarchy, row_level: np.ndarray, leaf_codes: np.ndarray) -> pd.api.extensions.ExtensionArray:
-    """Per row, the label of its leaf at its level, as text (``str``): every level's labels laid end to end
-    and converted once, then one gather (a Python object per row, converted afterwards, cost more)."""
-    table = pd.array(np.concatenate(hierarchy.labels), dtype=str)
-    first = np.cumsum([0] + [len(level) for level in hierarchy.labels[:-1]], dtype=np.int64)
-    return table.take(first[row_level] + leaf_codes)
+def label_table(hierarchy: Hierarchy) -> tuple[np.ndarray, pd.api.extensions.ExtensionArray]:
+    """Every level's labels laid end to end (level 0's for each leaf, then level 1's, ...): per place, the
+    number of its label among the distinct labels, numbered as first met; and those distinct labels, as
+    text (``str``). A label shared by several leaves or levels (a top ``*``) is one number."""
+    numbers, distinct = pd.factorize(pd.array(np.concatenate(hierarchy.labels), dtype=str))
+    return numbers.astype(np.int64, copy=False), distinct
 
 
 def _dense(class_ids: np.ndarray) -> tuple[np.ndarray, int]:
