@@ -146,9 +146,12 @@ def source_columns(spec) -> list[str]:
     return [*names["k_quasi"], *names["e_quasi"]]
 
 
-def part_sketch(frame: pd.DataFrame, source: pd.DataFrame, keys: np.ndarray, spec) -> dict:
+def part_sketch(frame: pd.DataFrame, source: pd.DataFrame, keys: np.ndarray, spec,
+                pair_codes: dict[str, tuple[np.ndarray, np.ndarray]] | None = None) -> dict:
     """Stage D: one published part's counts. ``frame``: its released records in the published order;
-    ``source``: the same records' source k-quasi and ε-quasi values; ``keys``: their group keys."""
+    ``source``: the same records' source k-quasi and ε-quasi values; ``keys``: their group keys;
+    ``pair_codes``: per k-quasi, its source values' and labels' codes where stage D has them
+    (``value_pair_counts``)."""
     begun = time.perf_counter()
     names = spec.roles.names()
     e_quasi = names["e_quasi"]
@@ -159,7 +162,8 @@ def part_sketch(frame: pd.DataFrame, source: pd.DataFrame, keys: np.ndarray, spe
         "records": int(len(frame)),
         "as_read": {column: _value_counts(frame[column]) for column in _as_read_columns(spec)},
         "numbers": {column: _number_counts(frame[column], None) for column in e_quasi},
-        "pairs": {column: value_pair_counts(source[column], frame[column].astype(str)) for column in names["k_quasi"]},
+        "pairs": {column: value_pair_counts(source[column], frame[column].astype(str), (pair_codes or {}).get(column))
+                  for column in names["k_quasi"]},
         "moments_source": utility.moments(source, e_quasi) if len(e_quasi) > 1 else None,
         "moments_released": utility.moments(frame, e_quasi) if len(e_quasi) > 1 else None,
         "weight_sums": None,

@@ -22,13 +22,20 @@ def first_occurrences(codes: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
     return numbers.astype(np.int64, copy=False), firsts
 
 
-def value_pair_counts(values: pd.Series, labels: pd.Series) -> pd.DataFrame:
+def value_pair_counts(values: pd.Series, labels: pd.Series, codes: tuple[np.ndarray, np.ndarray] | None = None) -> pd.DataFrame:
     """Records per (value, label), pairs in order of first occurrence, a missing value counted as a value:
     ``DataFrame({"value": values.to_numpy(), "label": labels.to_numpy()}).value_counts(sort=False,
-    dropna=False).rename("records").reset_index()``, with one record per pair converted to NumPy."""
-    value_codes, _ = pd.factorize(values, use_na_sentinel=False)
-    label_codes, label_uniques = pd.factorize(labels, use_na_sentinel=False)
-    numbers, rows = first_occurrences(value_codes.astype(np.int64) * max(len(label_uniques), 1) + label_codes)
+    dropna=False).rename("records").reset_index()``, with one record per pair converted to NumPy.
+
+    ``codes``: the values' and the labels' codes when the caller has them already (integers from 0, equal
+    exactly where the values are, a missing value included), so that neither column is factorised here."""
+    if codes is None:
+        value_codes, _ = pd.factorize(values, use_na_sentinel=False)
+        label_codes, _ = pd.factorize(labels, use_na_sentinel=False)
+    else:
+        value_codes, label_codes = codes
+    width = int(label_codes.max()) + 1 if len(label_codes) else 1
+    numbers, rows = first_occurrences(np.asarray(value_codes, dtype=np.int64) * width + label_codes)
     frame = pd.DataFrame({"value": values.iloc[rows].to_numpy(), "label": labels.iloc[rows].to_numpy()})
     frame["records"] = np.bincount(numbers, minlength=len(rows)).astype(np.int64)
     return frame

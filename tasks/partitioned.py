@@ -678,10 +678,14 @@ def publish_part(
         source = pd.DataFrame({column: pd.Series([], dtype=object) for column in source_columns(spec)})
     keep = ~np.isin(keys, failing)
     ordered = np.flatnonzero(keep)[np.lexsort((positions[keep], order[keep]))]  # RecordStreams.order's rule
+    # Where a k-quasi's source values and labels are both codes, the certificate counts their pairs on them
+    # (a missing value is code -1: shifted, it is a value like the others).
+    pair_codes = {column: (source[column].array.codes[ordered] + 1, frame[column].array.codes[ordered] + 1)
+                  for column in spec.roles.names()["k_quasi"] if column in encoded and column in source_encoded}
     frame = decode_text(frame.iloc[ordered].reset_index(drop=True), encoded)
     source = decode_text(source.iloc[ordered].reset_index(drop=True), source_encoded)
     # The officer's certificate: this part's counts and its first records (tasks/certificate_dask.py).
-    area.write(part_sketch(frame, source, keys[ordered], spec), PART_SKETCH, index)
+    area.write(part_sketch(frame, source, keys[ordered], spec, pair_codes), PART_SKETCH, index)
     name = f"{DATASET}/part-{index:05d}.parquet"
     sha256 = replace_file(Path(staging) / name, parquet_bytes(frame))
     fault_point("worker-publish-part")

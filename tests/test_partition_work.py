@@ -83,6 +83,9 @@ def test_value_pair_counts_are_value_counts(kind):
     }[kind]
     labels = pd.Series(np.array(["x", "*", "y"], dtype=object)[RNG.integers(0, 3, rows)], dtype=str)
     pd.testing.assert_frame_equal(value_pair_counts(values, labels), _value_counts(values, labels), check_exact=True)
+    # With the codes stage D has (categorical codes shifted past -1, a missing value's), the same counts.
+    codes = (pd.Categorical(values).codes.astype(np.int64) + 1, pd.Categorical(labels).codes.astype(np.int64) + 1)
+    pd.testing.assert_frame_equal(value_pair_counts(values, labels, codes), _value_counts(values, labels), check_exact=True)
     empty = pd.Series([], dtype=str)
     pd.testing.assert_frame_equal(value_pair_counts(empty, empty), _value_counts(empty, empty), check_exact=True)
 
