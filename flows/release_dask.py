@@ -701,7 +701,7 @@ def _spend_check_stage(
     record["disclosure"] = add_disclosure_figures([gate.disclosure for gate in gates])
     # Private: the officer's certificate's figures, by reduction over the partitions (tasks/certificate_dask.py);
     # of the written groups it reads only their keys and sizes, which the gate's buckets left in the scratch.
-    shards_failed = shard_sketches(spec, root, pieces, _on_cluster)
+    shards_failed = shard_sketches(spec, root, pieces, _on_cluster, anonymised.hierarchies)
     record["certificate"] = dask_certificate_task.submit(
         spec, root, pieces, pieces, pieces, anonymised.hierarchies, coder,
         record["rows_in"] - written.records, shards_failed,

@@ -57,7 +57,6 @@ from .certificate import (
 )
 from .counting import (
     by_target,
-    column_codes,
     combination_codes,
     first_occurrences,
     slices_by_target,
@@ -268,16 +267,19 @@ def refuse_risk_over_limits_on_partitions(spec, scratch, pieces: int, levels: di
 # --------------------------------------------------------------------------- the source's groups (shards)
 
 
-def shard_sketches(spec, scratch, buckets: int, each: Each) -> str | None:
+def shard_sketches(spec, scratch, buckets: int, each: Each, hierarchies: dict) -> str | None:
     """The shards' part of the certificate (``SHARD_SKETCH``): each shard's groups' sizes and its part of SUDA's
     figures, through the shuffle of the module docstring. Returns None, or why the figures could not be
     made (the certificate then says so: it never fails a release)."""
     k_quasi = [q.column for q in spec.roles.k_quasi]
     try:
         combinations = risk.suda_combinations(k_quasi, _settings(spec).suda_max_size)
-        each("certificate-projections", send_projections, [(scratch, b, combinations, buckets) for b in range(buckets)])
+        widths = {column: len(hierarchies[column].leaves) for column in k_quasi}
+        if np.prod([float(width) for width in widths.values()]) >= 2.0**62:
+            raise SpecError("roles.k_quasi", "the hierarchies' leaves are too many to number value combinations")
+        each("certificate-projections", send_projections, [(scratch, b, combinations, buckets, hierarchies) for b in range(buckets)])
         each("certificate-uniques", answer_projections, [(scratch, b, combinations, buckets) for b in range(buckets)])
-        each("certificate-shard", shard_sketch, [(scratch, b, spec, combinations, buckets) for b in range(buckets)])
+        each("certificate-shard", shard_sketch, [(scratch, b, spec, combinations, buckets, hierarchies) for b in range(buckets)])
         return None
     except (SpecError, InputError) as error:
         return str(error)
@@ -288,36 +290,54 @@ def shard_sketches(spec, scratch, buckets: int, each: Each) -> str | None:
         scratch.remove(ANSWERS)
 
 
-def _projections(shard, combination: tuple[str, ...], buckets: int,
-                 codes: dict[str, tuple[np.ndarray, int]]) -> tuple[np.ndarray, pd.DataFrame, np.ndarray, np.ndarray]:
-    """A shard's distinct values on ``combination``: each tuple's projection, the projections, their
-    records, and the shard that owns each projection (by hash, the same in every shard). ``codes``: the
-    shard's tuples' ``column_codes``, made once for all the combinations."""
-    from .shards import tuple_buckets
+def _leaf_codes(shard, columns: list[str], hierarchies: dict) -> dict[str, tuple[np.ndarray, int]]:
+    """Per searched column, each of the shard's tuples' leaf code in the column's hierarchy and the number
+    of leaves: codes that are the same in every shard (a tuple's k-quasi values are leaves of the public
+    hierarchies), so that a value combination is one integer wherever it is met."""
+    return {column: (hierarchies[column].leaf_codes(shard.tuples[column]), len(hierarchies[column].leaves))
+            for column in columns}
 
-    columns = list(combination)
-    of_tuple, firsts = first_occurrences(combination_codes(codes, columns, len(shard.tuples)))
-    values = shard.tuples[columns].iloc[firsts].reset_index(drop=True)
+
+def _projections(shard, combination: tuple[str, ...], buckets: int,
+                 codes: dict[str, tuple[np.ndarray, int]]) -> tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray]:
+    """A shard's distinct values on ``combination``: each tuple's projection, the projections (as numbers:
+    the combination's leaf codes in mixed radix, below 2⁶² as ``shard_sketches`` checks), their records,
+    and the shard that owns each projection (by a hash of its number, the same in every shard).
+    ``codes``: the shard's tuples' :func:`_leaf_codes`, made once for all the combinations."""
+    number = np.zeros(len(shard.tuples), dtype=np.int64)
+    for column in combination:
+        code, width = codes[column]
+        number = number * width + code
+    of_tuple, firsts = first_occurrences(number)
+    projections = number[firsts]
     records = np.bincount(of_tuple, weights=shard.weights, minlength=len(firsts))
-    return of_tuple, values, records, tuple_buckets(values, columns, buckets)
+    return of_tuple, projections, records, _owners(projections, buckets)
+
+
+def _owners(projections: np.ndarray, buckets: int) -> np.ndarray:
+    """The shard owning each projection: Fibonacci hashing of its number (spreads consecutive numbers)."""
+    if buckets == 1:
+        return np.zeros(len(projections), dtype=np.int64)
+    mixed = projections.astype(np.uint64) * np.uint64(0x9E3779B97F4A7C15)  # wraps modulo 2⁶⁴, as meant
+    return ((mixed >> np.uint64(32)) % np.uint64(buckets)).astype(np.int64)
 
 
 def _searched_columns(combinations: list[tuple[str, ...]]) -> list[str]:
     return list(dict.fromkeys(column for combination in combinations for column in combination))
 
 
-def send_projections(scratch, bucket: int, combinations: list[tuple[str, ...]], buckets: int) -> int:
+def send_projections(scratch, bucket: int, combinations: list[tuple[str, ...]], buckets: int, hierarchies: dict) -> int:
     """Round 1, per shard: its records per value combination of every searched column set, each to the
     shard owning the combination (``PROJECTIONS``, owner, this shard). Returns the tuples read."""
     shard = scratch.read("shard", bucket)
-    codes = column_codes(shard.tuples, _searched_columns(combinations))
+    codes = _leaf_codes(shard, _searched_columns(combinations), hierarchies)
     outgoing: list[dict] = [{} for _ in range(buckets)]
     for number, combination in enumerate(combinations):
-        _, values, records, owner = _projections(shard, combination, buckets, codes)
+        _, projections, records, owner = _projections(shard, combination, buckets, codes)
         order, slices = slices_by_target(owner, buckets)
-        values, records = values.iloc[order].reset_index(drop=True), records[order]  # owner by owner, in order
+        projections, records = projections[order], records[order]  # owner by owner, in order
         for target, rows in enumerate(slices):
-            outgoing[target][number] = (values.iloc[rows].reset_index(drop=True), records[rows])
+            outgoing[target][number] = (projections[rows], records[rows])
     for target in range(buckets):
         scratch.write(outgoing[target], PROJECTIONS, target, bucket)
     return len(shard)
@@ -329,11 +349,10 @@ def answer_projections(scratch, owner: int, combinations: list[tuple[str, ...]],
     received = [scratch.read(PROJECTIONS, owner, sender) for sender in range(buckets)]
     answers: list[dict] = [{} for _ in range(buckets)]
     uniques = 0
-    for number, combination in enumerate(combinations):
-        values = pd.concat([part[number][0] for part in received], ignore_index=True)
-        records = np.concatenate([part[number][1] for part in received])
-        codes = values.groupby(list(combination), sort=False, dropna=False, observed=True).ngroup().to_numpy() \
-            if len(values) else np.zeros(0, dtype=np.int64)
+    for number in range(len(combinations)):
+        projections = np.concatenate([np.zeros(0, dtype=np.int64), *(part[number][0] for part in received)])
+        records = np.concatenate([np.zeros(0), *(part[number][1] for part in received)])
+        codes, _ = pd.factorize(projections)
         total = np.bincount(codes, weights=records)
         one = total[codes] == 1 if len(codes) else np.zeros(0, dtype=bool)
         uniques += int(one.sum())
@@ -347,13 +366,13 @@ def answer_projections(scratch, owner: int, combinations: list[tuple[str, ...]],
     return uniques
 
 
-def shard_sketch(scratch, bucket: int, spec, combinations: list[tuple[str, ...]], buckets: int) -> int:
+def shard_sketch(scratch, bucket: int, spec, combinations: list[tuple[str, ...]], buckets: int, hierarchies: dict) -> int:
     """Round 3, per shard: which of its tuples each column set singles out (from the owners' answers), its
     minimal sample uniques and its part of SUDA's figures, and its groups' sizes (``SHARD_SKETCH``)."""
     shard = scratch.read("shard", bucket)
     answers = [scratch.read(ANSWERS, owner, bucket) for owner in range(buckets)]
     unique_on: dict[tuple[str, ...], np.ndarray] = {}
-    codes = column_codes(shard.tuples, _searched_columns(combinations))
+    codes = _leaf_codes(shard, _searched_columns(combinations), hierarchies)
     for number, combination in enumerate(combinations):
         of_tuple, _, _, owner = _projections(shard, combination, buckets, codes)
         one = np.zeros(len(owner), dtype=bool)

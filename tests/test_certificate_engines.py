@@ -87,7 +87,7 @@ def dask_stage_figures(spec: ReleaseSpec, partitions: int, folder: Path) -> dict
     """The partitioned path's stages in this process (as tests/test_dask_release.py runs them), then the
     certificate's reduction over what they left in the scratch."""
     root, pieces, table, anonymised, coder, written = published_in_parts(spec, partitions, folder)
-    assert shard_sketches(spec, root, pieces, each_in_turn) is None
+    assert shard_sketches(spec, root, pieces, each_in_turn, anonymised.hierarchies) is None
     assert not any((root.path(name)).exists() for name in ("certificate-projections", "certificate-answers"))
     return dask_certificate_figures(spec, root, pieces, pieces, pieces, anonymised.hierarchies,
                                     written, coder, table.rows - int(written.sizes.sum()))
