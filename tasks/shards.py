@@ -28,7 +28,7 @@ import pandas as pd
 
 from kepsilon.engine.anonymise import AnonymisedTuples, hierarchies_from_values
 from kepsilon.engine.criteria import criteria_from_value_counts, declared, load_sensitive_hierarchies
-from kepsilon.engine.histogram import TupleHistogram, concat_disjoint, merge_histograms, take_tuples
+from kepsilon.engine.histogram import TupleHistogram, concat_disjoint, merge_histograms, split_tuples, take_tuples
 from kepsilon.engine.mondrian_tree import (
     CutTree,
     Encoding,
@@ -79,9 +79,10 @@ def write_shard_classes(scratch: Scratch, bucket: int, tuples: pd.DataFrame, cla
 
 def write_partials(scratch: Scratch, histogram: TupleHistogram, columns: list[str], buckets: int, piece: int) -> None:
     """Intake's side: the piece's histogram split by bucket, one partial per bucket, into the scratch."""
-    bucket = tuple_buckets(histogram.tuples, columns, buckets)
-    for number in range(buckets):
-        scratch.write(take_tuples(histogram, np.flatnonzero(bucket == number)), "partial", number, piece)
+    split = {bucket: part for bucket, _, part in split_tuples(histogram, tuple_buckets(histogram.tuples, columns, buckets))}
+    for number in range(buckets):  # every bucket gets a partial, empty or not (the merge reads them all)
+        scratch.write(split[number] if number in split else take_tuples(histogram, np.zeros(0, dtype=np.int64)),
+                      "partial", number, piece)
 
 
 # --------------------------------------------------------------------------- merge
@@ -235,12 +236,10 @@ def route_shard(scratch: Scratch, bucket: int, tree: CutTree, encoding: Encoding
     tuples' positions in the shard). Returns the leaves it wrote to."""
     shard = scratch.read("shard", bucket)
     codes, _ = encoded_shard(scratch, bucket, encoding, shard)
-    leaf_of = tree.leaf_of(codes)
-    leaves = np.unique(leaf_of)
-    for leaf in leaves:
-        positions = np.flatnonzero(leaf_of == leaf)
-        scratch.write((take_tuples(shard, positions), positions), "leaf", int(leaf), bucket)
-    return len(leaves)
+    parts = split_tuples(shard, tree.leaf_of(codes))
+    for leaf, positions, part in parts:
+        scratch.write((part, positions), "leaf", leaf, bucket)
+    return len(parts)
 
 
 def finish_leaf(scratch: Scratch, leaf: int, buckets: int, encoding: Encoding, k: int, criteria, e_quasis: list[str]) -> int:

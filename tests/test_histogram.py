@@ -6,7 +6,7 @@ import pandas as pd
 import pytest
 
 from kepsilon.engine.anonymise import histogram_of, k_anonymise, k_anonymise_histogram
-from kepsilon.engine.histogram import merge_histograms
+from kepsilon.engine.histogram import merge_histograms, split_tuples, take_tuples
 from kepsilon.flows.spec import ReleaseSpec
 from kepsilon.tasks.classify import classify
 from kepsilon.tasks.ingest import read_source
@@ -62,6 +62,24 @@ def test_partial_histograms_add_up_to_the_whole_tables(sample, parts):
     merged = merge_histograms(_partial_histograms(frame, spec, parts, seed=parts), [q.column for q in spec.roles.k_quasi])
     _assert_same_histogram(merged, whole)
     assert merged.records == len(frame) and whole.pairs  # the criterion's pairs were counted
+
+
+@pytest.mark.parametrize("targets", [1, 5, 300])
+def test_split_tuples_gives_each_targets_take_tuples(sample, targets):
+    """split_tuples (one gather for every bucket or leaf) equals take_tuples of each target's positions:
+    tuples, counts, first positions, pairs (in their order) and extremes; targets without a tuple absent."""
+    frame, spec = sample
+    whole = histogram_of(frame, _with_criteria(spec, {"l_diversity": {"l": 2}}), extremes=True)
+    of_tuple = np.random.default_rng(targets).integers(0, targets, len(whole)) * 2  # odd targets never occur
+    parts = split_tuples(whole, of_tuple)
+    assert [target for target, _, _ in parts] == sorted(set(of_tuple.tolist()))
+    for target, positions, part in parts:
+        assert np.array_equal(positions, np.flatnonzero(of_tuple == target))
+        expected = take_tuples(whole, positions)
+        _assert_same_histogram(part, expected)
+        assert set(part.pairs) == set(expected.pairs) == {spec.roles.sensitive[-1] if isinstance(
+            spec.roles.sensitive[-1], str) else spec.roles.sensitive[-1].column}
+    assert sum(len(part) for _, _, part in parts) == len(whole)
 
 
 @pytest.mark.parametrize(

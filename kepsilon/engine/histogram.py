@@ -217,6 +217,41 @@ def take_tuples(histogram: TupleHistogram, positions: np.ndarray) -> TupleHistog
     return taken
 
 
+def split_tuples(histogram: TupleHistogram, targets: np.ndarray) -> list[tuple[int, np.ndarray, TupleHistogram]]:
+    """:func:`take_tuples` for every target at once: per target present (ascending), the positions of its
+    tuples (ascending) and their histogram. ``targets``: one non-negative integer per tuple (a bucket, a leaf).
+
+    The tuples are gathered once, target by target, and each target's part is a slice of that gather
+    (its pairs, sorted by tuple once, too), where a gather per target passed over every tuple and pair
+    again for each target."""
+    targets = np.asarray(targets, dtype=np.int64)
+    order = np.argsort(targets, kind="stable")
+    grouped = targets[order]
+    present = np.unique(grouped)
+    starts = np.searchsorted(grouped, present, side="left")
+    ends = np.searchsorted(grouped, present, side="right")
+    taken = take_tuples(histogram, order)
+    pairs = {}
+    for column, table in taken.pairs.items():
+        tuples = table[TUPLE].to_numpy(dtype=np.int64)
+        by_tuple = np.argsort(tuples, kind="stable")  # each tuple's pairs keep their order (by value)
+        pairs[column] = (table.iloc[by_tuple].reset_index(drop=True), tuples[by_tuple])
+    parts = []
+    for target, start, end in zip(present, starts, ends):
+        part = TupleHistogram(
+            tuples=taken.tuples.iloc[start:end].reset_index(drop=True),
+            weights=taken.weights[start:end],
+            first=taken.first[start:end],
+        )
+        for column, (table, tuples) in pairs.items():
+            low, high = np.searchsorted(tuples, [start, end])
+            part.pairs[column] = table.iloc[low:high].assign(**{TUPLE: tuples[low:high] - start}).reset_index(drop=True)
+        for column, (smallest, largest) in taken.extremes.items():
+            part.extremes[column] = (smallest[start:end], largest[start:end])
+        parts.append((int(target), order[start:end], part))
+    return parts
+
+
 def concat_disjoint(parts: list[TupleHistogram]) -> TupleHistogram:
     """The histogram of tables with no tuple in common, their tuples one part after the other (not in order
     of first occurrence: for a consumer that does not depend on the order, such as Mondrian's recursion)."""
