@@ -102,3 +102,23 @@ def test_the_anonymisers_give_the_records_classes_from_the_added_up_histogram(sa
     assert np.array_equal(classes.class_of_tuple[tuple_of_record], partition.class_ids)
     assert classes.report == partition.report
     assert partition.report["n_classes"] > 10
+
+
+def test_tuples_are_numbered_as_pandas_groups_them_in_order_of_first_appearance():
+    """The histogram's tuple numbers (histogram._tuple_numbers) are groupby(sort=False, dropna=False,
+    observed=True).ngroup(), for text, missing values, categoricals and numbers."""
+    from kepsilon.engine.histogram import _tuple_numbers
+
+    rng = np.random.default_rng(3)
+    rows = 5_000
+    frame = pd.DataFrame({
+        "zip": pd.array(np.array(["10001", "10002", None, "007"], dtype=object)[rng.integers(0, 4, rows)], dtype="str"),
+        "kind": pd.Categorical(np.array(["b", "a", "c"])[rng.integers(0, 2, rows)], categories=["a", "b", "c"]),
+        "year": rng.integers(1930, 1940, rows),
+        "level": np.where(rng.random(rows) < 0.1, np.nan, rng.integers(0, 3, rows).astype(float)),
+    })
+    columns = list(frame.columns)
+    expected = frame.groupby(columns, sort=False, dropna=False, observed=True).ngroup().to_numpy()
+    assert np.array_equal(_tuple_numbers(frame, columns), expected)
+    assert np.array_equal(_tuple_numbers(frame, ["zip"]), frame.groupby(["zip"], sort=False, dropna=False).ngroup().to_numpy())
+    assert len(_tuple_numbers(frame.iloc[:0], columns)) == 0

@@ -104,8 +104,7 @@ def tuple_histogram(
     increasing position, as every stage keeps them.
     """
     positions = np.arange(len(frame), dtype=np.int64) if positions is None else np.asarray(positions, dtype=np.int64)
-    # sort=False numbers the groups in order of first appearance, which is the order of first position.
-    of_record = frame.groupby(list(columns), sort=False, dropna=False, observed=True).ngroup().to_numpy(dtype=np.int64)
+    of_record = _tuple_numbers(frame, list(columns))
     n_tuples = int(of_record.max()) + 1 if len(of_record) else 0
     first_rows = np.full(n_tuples, len(frame), dtype=np.int64)
     np.minimum.at(first_rows, of_record, np.arange(len(frame), dtype=np.int64))
@@ -131,6 +130,18 @@ def tuple_histogram(
         np.maximum.at(high, of_record, values)
         histogram.extremes[quasi.column] = (low, high)
     return histogram
+
+
+def _tuple_numbers(frame: pd.DataFrame, columns: list[str]) -> np.ndarray:
+    """Each row's tuple of ``columns``, numbered in order of first appearance (which is the order of first
+    position), a missing value counted as a value: ``frame.groupby(columns, sort=False, dropna=False,
+    observed=True).ngroup()``, by factorising each column once and the running combination after each (so
+    that the numbers stay below rows × a column's distinct values), without building the groups' index."""
+    combined = np.zeros(len(frame), dtype=np.int64)
+    for column in columns:
+        codes, distinct = pd.factorize(frame[column], use_na_sentinel=False)
+        combined, _ = pd.factorize(combined * max(len(distinct), 1) + codes)
+    return combined.astype(np.int64, copy=False)
 
 
 def merge_histograms(parts: list[TupleHistogram], columns: list[str]) -> TupleHistogram:
