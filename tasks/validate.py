@@ -616,14 +616,18 @@ def _run_suite(published: pd.DataFrame, expectations: list[tuple[str, Any]]) -> 
     its text may quote data).
     """
     outcomes = {name: False for name, _ in expectations}
+    definition = None
     try:
-        results = _suite_for(expectations).run(
+        definition = _suite_for(expectations)
+        results = definition.run(
             batch_parameters={"dataframe": published},
             result_format="BOOLEAN_ONLY",
         )
     except Exception as error:  # noqa: BLE001 — any GE failure must close the gate, not open it
         logger.warning("release validation suite raised %s; every check marked failed", type(error).__name__)
         return outcomes
+    finally:
+        _forget_records(definition)
     passed: dict[str, bool] = {}
     for result in results.results:
         name = (result.expectation_config.meta or {}).get(_CHECK_META_KEY)
@@ -654,6 +658,15 @@ def _suite_for(expectations: list[tuple[str, Any]]):
             _SUITES.definitions.clear()
         _SUITES.definitions[key] = _validation_definition(expectations)
     return _SUITES.definitions[key]
+
+
+def _forget_records(definition) -> None:
+    """Drop what a kept suite holds of the frame it last checked: its data source's execution engine caches
+    the batch (the records), and a suite kept for the next part must not keep this part's records in the
+    worker's memory after the task. The engine is made again on the next run."""
+    source = getattr(definition, "data_source", None)
+    if source is not None and hasattr(source, "_execution_engine"):
+        source._execution_engine = None
 
 
 def _validation_definition(expectations: list[tuple[str, Any]]):

@@ -301,3 +301,13 @@ def test_a_threads_part_checks_build_their_suite_once_and_judge_each_frame_afres
     assert [sorted(name for name, passed in verdict.items() if not passed) for verdict in verdicts] == [
         [], ["e_quasi_numeric_finite:income"], ["k_quasi_columns_present"], []]
     assert len(builds) == 1
+    # The suite is kept; the records it last checked are not.
+    import gc
+    import weakref
+
+    last = good.copy()
+    kept = weakref.ref(last)
+    validate_module.validate_part(last, **columns)
+    del last
+    gc.collect()
+    assert kept() is None
