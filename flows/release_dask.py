@@ -12,9 +12,9 @@ this module (``DaskEngine``) only orders them and adds up what they return: coun
 class sizes, check outcomes, disclosure figures and the error figure's points or hexagon counts — nothing that
 grows with the groups or classes (docs/performance.md, "the flow's process").
 
-Where things run: every per-partition task is submitted to the flow's ``DaskTaskRunner`` (prefect-dask),
-on a ``LocalCluster`` of ``execution.workers`` processes, or on the cluster whose scheduler is
-``execution.scheduler``. The tasks that touch the audit store (verify, already published, approval,
+Where things run: every stage's partitions go, a few tasks per worker thread (``_on_cluster``), to the flow's
+``DaskTaskRunner`` (prefect-dask), on a ``LocalCluster`` of ``execution.workers`` processes, or on the cluster
+whose scheduler is ``execution.scheduler``. The tasks that touch the audit store (verify, already published, approval,
 reservation, the seed, the record) and the output-folder check are called directly, so they run in
 the flow's own process, beside the store. The seed never leaves that process: the perturbation tasks
 get a ``RecordStreams`` (keys derived from the seed, which its ``repr`` withholds), and Prefect records
@@ -70,11 +70,11 @@ from kepsilon.tasks.group_reduction import (
     WRITTEN,
     GroupCheck,
     GroupGate,
-    check_groups_task,
-    class_figures_task,
-    gate_groups_task,
-    perturb_task,
-    publish_task,
+    check_groups,
+    class_figures,
+    gate_groups,
+    perturb_and_hand_over,
+    publish_and_hand_over,
 )
 from kepsilon.tasks.group_reduction import STAGES as GROUP_STAGES
 from kepsilon.tasks.partitioned import (
@@ -82,18 +82,19 @@ from kepsilon.tasks.partitioned import (
     DATASET,
     ClassOutcome,
     GroupCoder,
+    PartitionFailed,
     TableIntake,
+    batch_task,
     combine_intakes,
     combine_perturbation,
     distinct_count_task,
-    distribute_task,
-    intake_task,
+    distribute,
+    intake,
     join_csv_task,
     outcome_metrics,
     plan_source_task,
-    predict_task,
+    predict_partition,
     remove_partials,
-    shard_step_task,
 )
 from kepsilon.tasks.perturb import release_streams
 from kepsilon.tasks.preflight import Verdicts, pre_epsilon_checks
@@ -428,23 +429,29 @@ class DaskEngine:
             shutil.rmtree(staging_directory(output_dir, spec.release_id), ignore_errors=True)
 
 
-# A shard step's work on one shard is small (a shard's cut statistics: tens of ms) beside what a Prefect task run costs
-# a worker (its contexts, settings and clients: tens of ms of CPU) and the flow (submitting, tracking), so the shards go in a
-# few tasks per worker thread: enough to keep every thread busy as tasks finish unevenly, few enough that a 10M-row
-# release runs about 90 shard-step tasks instead of 300.
+# What a Prefect task run costs a worker outside the task's own function (its contexts and settings rebuilt, its
+# clients, its states sent to the API: 140 ms of CPU for a task that does nothing, measured on this project's 2-core
+# machine with the release's loopback API) is more than a shard's work (tens of ms) and a tenth of a 500k-record
+# partition's stage, and the flow and the Prefect server pay for every run again. So a stage's partitions (or shards,
+# or buckets) go in a few tasks per worker thread, each doing several one after the other: enough to keep every
+# thread busy as tasks finish unevenly, few enough that a 10M-row release on 2 workers runs 6 tasks per stage
+# instead of 20 (docs/dask.md).
 TASKS_PER_THREAD = 3
 
 
-def _on_cluster(name: str, function, arguments: list[tuple]) -> list:
-    """``tasks/shards.py``'s ``each``: ``function(*a)`` for every ``a``, in batches of several (dealt in turn) per
-    task on the cluster; the results in the order of ``arguments``."""
+def _on_cluster(name: str, function, arguments: list[tuple], counted: bool = False) -> list:
+    """Stage ``name``: ``function(*a)`` for every ``a`` (one partition's, shard's or bucket's inputs), in batches
+    dealt in turn (at most ``TASKS_PER_THREAD`` per worker thread), each batch one Prefect task named after
+    the stage; the results in the order of ``arguments``. ``counted``: whether the stage's partitions are steps
+    of the release's progress (``tasks/shards.py``'s steps are not: how many the tree's depth takes is known
+    only as it grows). A failure raised is the first failing argument's, in their order."""
     if not arguments:
         return []
     batches = min(len(arguments), TASKS_PER_THREAD * _cluster_threads())
     dealt = [list(range(first, len(arguments), batches)) for first in range(batches)]
-    step = shard_step_task.with_options(name=name)
-    # Not among the release's counted steps: how many the tree's depth takes is known only as it grows.
-    results = _each(name, [step.submit(function, [arguments[i] for i in numbers]) for numbers in dealt], counted=False)
+    step = batch_task.with_options(name=name)
+    futures = [step.submit(function, [arguments[i] for i in numbers], numbers) for numbers in dealt]
+    results = _each(name, futures, counted, dealt)
     ordered: list = [None] * len(arguments)
     for numbers, batch in zip(dealt, results):
         for number, result in zip(numbers, batch):
@@ -488,10 +495,9 @@ def _distribute(spec: ReleaseSpec, plan, table, scratch: Scratch) -> None:
     """Stage B, before ε (it needs no noise): every record to the class partition of its class."""
     columns = [q.column for q in spec.roles.k_quasi]
     pieces = len(plan.pieces)
-    _each("distribute", [
-        distribute_task.submit(piece.index, offset, scratch, columns, pieces)
-        for piece, offset in zip(plan.pieces, table.offsets)
-    ])
+    _on_cluster("distribute", distribute, [
+        (piece.index, offset, scratch, columns, pieces) for piece, offset in zip(plan.pieces, table.offsets)
+    ], counted=True)
     # The shards stay for the certificate's figures (removed after them, or with the scratch at the end).
     for name in ("classified", "targets", SHARD_KEYS, SHARD_CODES):  # once all its partitions are done
         scratch.remove(name)
@@ -509,9 +515,9 @@ def _pre_epsilon(verdicts: Verdicts, spec, store: str, key: str, table, sharded:
     pieces = len(plan.pieces)
 
     def predicted() -> Prediction:
-        parts = _each("predict", [
-            predict_task.submit(index, pieces, scratch, spec, draws, secrets.randbits(128)) for index in range(pieces)
-        ])
+        parts = _on_cluster("predict", predict_partition, [
+            (index, pieces, scratch, spec, draws, secrets.randbits(128)) for index in range(pieces)
+        ], counted=True)
         prediction = Prediction(draws=draws, published=np.zeros(draws))
         for part in parts:
             prediction = prediction.add(part)
@@ -564,23 +570,26 @@ def _on_this_machine(address: str) -> bool:
         return False
 
 
-def _each(name: str, futures: list, counted: bool = True) -> list:
-    """Wait for a stage's tasks, one progress step per partition; the results in partition order.
+def _each(name: str, futures: list, counted: bool, dealt: list[list[int]]) -> list:
+    """Wait for a stage's tasks, each doing the partitions ``dealt`` to it, one progress step per partition;
+    the tasks' results in their order.
 
-    A failed partition does not stop the others from finishing (their scratch files stay consistent);
-    then the failure of the first partition, in source order, is raised — the error the in-memory path
-    would meet first.
+    A failed task does not stop the others from finishing (their scratch files stay consistent); then
+    the failure of the first failing partition, in partition order, is raised — the error the in-memory path
+    would meet first (a task stops at its first failure, and does its partitions in increasing order).
     """
     results, failures = [None] * len(futures), {}
     position = {id(future): number for number, future in enumerate(futures)}
-    with stage(name, len(futures), counted) as progress, WorkerWatch(name, futures) as watch:
+    with stage(name, sum(map(len, dealt)), counted) as progress, WorkerWatch(name, futures) as watch:
         for future in as_completed(futures):
             number = position[id(future)]
             try:
                 results[number] = future.result()
+            except PartitionFailed as failed:
+                failures[failed.number] = failed.failure
             except BaseException as failure:  # noqa: B036 - re-raised below, first partition first
-                failures[number] = failure
-            progress.advance()
+                failures[dealt[number][0]] = failure  # the task's own run failed (a worker lost, cancelled)
+            progress.advance(len(dealt[number]))
             fault_point(f"dask-{name}")
     if watch.lost:
         raise ClusterLost(name, WORKERS_WAIT_SECONDS)
@@ -640,7 +649,7 @@ class WorkerWatch:
 
 def _intake(spec: ReleaseSpec, plan: SourcePlan, scratch: Scratch) -> TableIntake:
     """Stage A and its reduction: refusals in the in-memory order, then the whole table's histogram."""
-    intakes = _each("intake", [intake_task.submit(plan, piece, spec, scratch) for piece in plan.pieces])
+    intakes = _on_cluster("intake", intake, [(plan, piece, spec, scratch) for piece in plan.pieces], counted=True)
     pieces = len(plan.pieces)
     table = combine_intakes(intakes, spec, lambda number: distinct_count_task.submit(scratch, number, pieces).result())
     scratch.remove("hashes")
@@ -661,28 +670,29 @@ def _spend_check_stage(
     streams, commitment = release_streams(spec, key, reservation.id, store)
     record["seed_commitment"] = commitment
 
-    parts = _each("perturb-suppress", [
-        perturb_task.submit(index, pieces, root, spec, streams, anonymised.hierarchies, classes.levels, coder, pieces)
-        for index in range(pieces)
-    ])
+    parts = _on_cluster("perturb-suppress", perturb_and_hand_over, [
+        (index, pieces, root, spec, streams, anonymised.hierarchies, classes.levels, coder, pieces) for index in range(pieces)
+    ], counted=True)
     scratch.remove("shuffle")
     fault_point("after-noise")
     record["perturbation"] = combine_perturbation(parts)
-    checked = _each("check-groups", [check_groups_task.submit(root, bucket, pieces, criteria) for bucket in range(pieces)])
+    checked = _on_cluster("check-groups", check_groups, [(root, bucket, pieces, criteria) for bucket in range(pieces)],
+                          counted=True)
     scratch.remove(GROUPS)
     errors = ErrorExtremes.add([part.error_extremes for part in parts if part.error_extremes is not None])
     extent = None if errors.as_points else errors.extent()  # the error figure's grid, the same for every partition
-    outcomes = _each("class-figures", [class_figures_task.submit(root, index, pieces, spec, extent) for index in range(pieces)])
+    outcomes = _on_cluster("class-figures", class_figures, [(root, index, pieces, spec, extent) for index in range(pieces)],
+                           counted=True)
     scratch.remove(CLASSES)
     record.update(outcome_metrics(parts, outcomes, classes.report, spec, criteria))
     figure_inputs = _figure_inputs(checked, errors, extent, outcomes)
 
     meta = next(part.meta for part in parts if part.meta is not None)
     staging = _fresh_staging(output_dir, spec.release_id)
-    published = _each("publish-part", [
-        publish_task.submit(index, pieces, root, str(staging), spec, meta, spec.execution.csv, len(coder.sensitive), pieces)
+    published = _on_cluster("publish-part", publish_and_hand_over, [
+        (index, pieces, root, str(staging), spec, meta, spec.execution.csv, len(coder.sensitive), pieces)
         for index in range(pieces)
-    ])
+    ], counted=True)
     scratch.remove("ordered")
     scratch.remove(FAILING)
     remove_partials(staging / DATASET)  # pieces of attempts killed mid-write
@@ -693,7 +703,8 @@ def _spend_check_stage(
         scratch.remove("csv")
 
     # The gate recounts what was written, bucket by bucket of group keys, on the workers.
-    gates = _each("gate-groups", [gate_groups_task.submit(root, bucket, pieces, spec, coder, criteria) for bucket in range(pieces)])
+    gates = _on_cluster("gate-groups", gate_groups, [(root, bucket, pieces, spec, coder, criteria) for bucket in range(pieces)],
+                        counted=True)
     scratch.remove(WRITTEN)
     written = SizeCounts.add([gate.sizes for gate in gates])
     record["groups"] = groups_from_size_counts(written.values, written.counts, record["rows_in"])

@@ -41,8 +41,6 @@ from dataclasses import dataclass, replace
 
 import numpy as np
 import pandas as pd
-from prefect import task
-from prefect.cache_policies import NO_CACHE
 
 from kepsilon.engine.criteria import declared, disclosure_figures
 from kepsilon.engine.randomness import RecordStreams
@@ -52,13 +50,11 @@ from .certificate_dask import WRITTEN_SIZES, GroupSizes
 from .counting import slices_by_target
 from .figure_inputs import ErrorExtremes, Extent, SizeCounts
 from .partitioned import (
-    PARTITION_RETRIES,
     ClassOutcome,
     ClassPartition,
     GroupCoder,
     GroupCounts,
     PublishedPart,
-    _partition_task,
     class_outcome,
     failing_groups,
     gate_tables,
@@ -205,39 +201,3 @@ def gate_groups(scratch: Scratch, bucket: int, parts: int, spec: ReleaseSpec, co
                              criteria=declared(criteria), max_prosecutor_risk=spec.max_prosecutor_risk)
     disclosure = disclosure_figures(written.sizes, written.matrices(criteria), criteria)
     return GroupGate(SizeCounts.of(written.sizes), disclosure, checks)
-
-
-# --------------------------------------------------------------------------- Prefect tasks
-
-
-@task(name="perturb-suppress", cache_policy=NO_CACHE, persist_result=False, **PARTITION_RETRIES)
-def perturb_task(index: int, pieces: int, scratch: Scratch, spec: ReleaseSpec, streams: RecordStreams, hierarchies: dict,
-                 levels: dict | None, coder: GroupCoder, parts: int) -> ClassPartition:
-    """Prefect task: stage C on one class partition (its noise keyed by the release's streams)."""
-    return _partition_task(perturb_and_hand_over)(index, pieces, scratch, spec, streams, hierarchies, levels, coder, parts)
-
-
-@task(name="check-groups", cache_policy=NO_CACHE, persist_result=False, **PARTITION_RETRIES)
-def check_groups_task(scratch: Scratch, bucket: int, parts: int, criteria: list) -> GroupCheck:
-    """Prefect task: one bucket's groups added up and checked for diversity suppression."""
-    return _partition_task(check_groups)(scratch, bucket, parts, criteria)
-
-
-@task(name="class-figures", cache_policy=NO_CACHE, persist_result=False, **PARTITION_RETRIES)
-def class_figures_task(scratch: Scratch, index: int, buckets: int, spec: ReleaseSpec, extent: Extent | None) -> ClassOutcome:
-    """Prefect task: one class partition's part of the outcome figures."""
-    return _partition_task(class_figures)(scratch, index, buckets, spec, extent)
-
-
-@task(name="publish-part", cache_policy=NO_CACHE, persist_result=False, **PARTITION_RETRIES)
-def publish_task(index: int, pieces: int, scratch: Scratch, staging: str, spec: ReleaseSpec, meta, write_csv: bool,
-                 sensitive_columns: int, buckets: int) -> PublishedPart:
-    """Prefect task: stage D on one order-key range."""
-    return _partition_task(publish_and_hand_over)(index, pieces, scratch, staging, spec, meta, write_csv,
-                                                  sensitive_columns, buckets)
-
-
-@task(name="gate-groups", cache_policy=NO_CACHE, persist_result=False, **PARTITION_RETRIES)
-def gate_groups_task(scratch: Scratch, bucket: int, parts: int, spec: ReleaseSpec, coder: GroupCoder, criteria: list) -> GroupGate:
-    """Prefect task: one bucket's written groups, their disclosure figures and the gate's group checks."""
-    return _partition_task(gate_groups)(scratch, bucket, parts, spec, coder, criteria)

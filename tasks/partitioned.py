@@ -1,6 +1,7 @@
 """The partitioned (Dask) release path, stage by stage: what one task does to one partition, and the reductions.
 
-``flows/release_dask.py`` runs these stages as Prefect tasks on the cluster, one task per partition:
+``flows/release_dask.py`` runs these stages as Prefect tasks on the cluster, a few tasks per worker thread,
+each doing its share of the stage's partitions one after the other (``batch_task``):
 
 A. **intake** (per piece of the source, ``tasks/sources.py``): read the piece, classify it with
    ``classify_findings`` (counts of everything ``classify`` refuses), count its histogram of distinct
@@ -858,7 +859,8 @@ def _partition_task(function):
 
 def _worth_retrying(task: Task[..., object], task_run: TaskRun, state: State[object]) -> bool:
     """Retry a partition task unless it failed on the input or the spec (the same error again)."""
-    return not isinstance(state.data, KepsilonError)
+    failure = state.data.failure if isinstance(state.data, PartitionFailed) else state.data
+    return not isinstance(failure, KepsilonError)
 
 
 class _Retries(TypedDict):
@@ -880,40 +882,38 @@ def plan_source_task(source, partitions: int | None) -> SourcePlan:
     return plan_source(source, partitions)
 
 
-@task(name="intake", cache_policy=NO_CACHE, persist_result=False, **PARTITION_RETRIES)
-def intake_task(plan: SourcePlan, piece: Piece, spec: ReleaseSpec, scratch: Scratch) -> Intake:
-    """Prefect task: stage A on one piece."""
-    return _partition_task(intake)(plan, piece, spec, scratch)
-
-
 @task(name="count-distinct", cache_policy=NO_CACHE, persist_result=False, **PARTITION_RETRIES)
 def distinct_count_task(scratch: Scratch, column_number: int, pieces: int) -> int:
     """Prefect task: a column's distinct values over every piece."""
     return distinct_count(scratch, column_number, pieces)
 
 
-@task(name="distribute", cache_policy=NO_CACHE, persist_result=False, **PARTITION_RETRIES)
-def distribute_task(index: int, offset: int, scratch: Scratch, columns: list[str], buckets: int) -> int:
-    """Prefect task: stage B on one piece."""
-    return _partition_task(distribute)(index, offset, scratch, columns, buckets)
+class PartitionFailed(Exception):
+    """A batch's partition ``number`` failed with ``failure``: the flow raises ``failure`` itself, that of the
+    first failing partition in partition order (the error the in-memory path would meet first)."""
+
+    def __init__(self, number: int, failure: BaseException):
+        super().__init__(number, failure)
+        self.number, self.failure = number, failure
+
+    def __str__(self) -> str:
+        return f"partition {self.number}: {type(self.failure).__name__}: {self.failure}"
 
 
-@task(name="shard-step", cache_policy=NO_CACHE, persist_result=False, **PARTITION_RETRIES)
-def shard_step_task(function, arguments: list[tuple]) -> list:
-    """Prefect task: a step of the histogram's shards (``tasks/shards.py``: merge, cut statistics, route,
-    sub-tree, numbering, collection, report, OLA, the certificate's sketches) on several shards, one after
-    the other: ``[function(*a) for a in arguments]``, their inputs names in the scratch."""
-    return _partition_task(_one_after_another)(function, arguments)
-
-
-def _one_after_another(function, arguments: list[tuple]) -> list:
-    return [function(*each) for each in arguments]
-
-
-@task(name="predict", cache_policy=NO_CACHE, persist_result=False, **PARTITION_RETRIES)
-def predict_task(index: int, pieces: int, scratch: Scratch, spec: ReleaseSpec, draws: int, seed: int) -> Prediction:
-    """Prefect task: the prediction before ε of one class partition (throw-away noise)."""
-    return _partition_task(predict_partition)(index, pieces, scratch, spec, draws, seed)
+@task(name="batch", cache_policy=NO_CACHE, persist_result=False, **PARTITION_RETRIES)
+def batch_task(function, arguments: list[tuple], numbers: list[int]) -> list:
+    """Prefect task: one stage's ``function`` on several partitions (or shards, or buckets), one after the
+    other, each handing back its memory before the next (``_partition_task``): ``[function(*a) for a in
+    arguments]``, their inputs named in the scratch. ``numbers``: the partitions' numbers, in increasing
+    order; the first to fail stops the batch with ``PartitionFailed`` (its number and its error). The flow
+    names each submission after its stage (``with_options(name=...)``)."""
+    results = []
+    for number, each in zip(numbers, arguments, strict=True):
+        try:
+            results.append(_partition_task(function)(*each))
+        except Exception as failure:
+            raise PartitionFailed(number, failure) from failure
+    return results
 
 
 @task(name="write-csv", cache_policy=NO_CACHE, persist_result=False, **PARTITION_RETRIES)

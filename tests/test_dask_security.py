@@ -406,7 +406,10 @@ def test_another_client_gets_nothing_from_a_running_releases_cluster(cli_server,
 
 
 def test_a_tls_scheduler_without_the_clients_files_is_refused_by_name(tmp_path):
+    # distributed's configuration loads first: dask.config.set, on leaving, removes the sections it created, and
+    # would remove distributed's whole configuration if its first import came inside the block.
     import dask
+    import distributed  # noqa: F401
 
     from kepsilon.flows.release_dask import scheduler_security
 
