@@ -80,6 +80,7 @@ from kepsilon.tasks.group_reduction import STAGES as GROUP_STAGES
 from kepsilon.tasks.partitioned import (
     DATA_CSV,
     DATASET,
+    NUMERIC_SHUFFLE,
     ClassOutcome,
     GroupCoder,
     PartitionFailed,
@@ -500,8 +501,9 @@ def _distribute(spec: ReleaseSpec, plan, table, scratch: Scratch) -> None:
     """Stage B, before ε (it needs no noise): every record to the class partition of its class."""
     columns = [q.column for q in spec.roles.k_quasi]
     pieces = len(plan.pieces)
+    numeric = [q.column for q in spec.roles.e_quasi]
     _on_cluster("distribute", distribute, [
-        (piece.index, offset, scratch, columns, pieces) for piece, offset in zip(plan.pieces, table.offsets)
+        (piece.index, offset, scratch, columns, pieces, numeric) for piece, offset in zip(plan.pieces, table.offsets)
     ], counted=True)
     # The shards stay for the certificate's figures (removed after them, or with the scratch at the end).
     for name in ("classified", "targets", SHARD_KEYS, SHARD_CODES):  # once all its partitions are done
@@ -523,6 +525,7 @@ def _pre_epsilon(verdicts: Verdicts, spec, store: str, key: str, table, sharded:
         parts = _on_cluster("predict", predict_partition, [
             (index, pieces, scratch, spec, draws, secrets.randbits(128)) for index in range(pieces)
         ], counted=True)
+        scratch.remove(NUMERIC_SHUFFLE)  # the perturbation reads the whole records (``shuffle``)
         prediction = Prediction(draws=draws, published=np.zeros(draws))
         for part in parts:
             prediction = prediction.add(part)

@@ -12,7 +12,8 @@ A. **intake** (per piece of the source, ``tasks/sources.py``): read the piece, c
    histogram ever reaches the flow's process.
 B. **distribute** (per piece): each record gets its tuple's class (a join on the k-quasi values with
    the shard of its bucket, one shard at a time) and goes to the class partition of its class: a class
-   partition holds whole classes, in ranges of class ids of about equal record counts.
+   partition holds whole classes, in ranges of class ids of about equal record counts. Its ε-quasi values
+   also go apart, for the prediction before ε (per class partition), which reads nothing else.
 C. **perturb and suppress** (per class partition): the engine's stage sequence on whole classes
    (``kepsilon.engine.stages.noise_and_suppress``: noise keyed by (seed, source position, column),
    confidence suppression), then labels from the published members — then the candidate records go
@@ -248,10 +249,16 @@ def class_targets(histogram: TupleHistogram, class_of_tuple: np.ndarray, parts: 
 
 # --------------------------------------------------------------------------- B. distribute
 
+# scratch: (class partition, piece) the ε-quasi columns of the piece's records in that class partition, with their
+# classes: all the prediction before ε reads (its records' other columns are decrypted and unpickled only once,
+# by the perturbation).
+NUMERIC_SHUFFLE = "shuffle-numbers"
 
-def distribute(index: int, offset: int, scratch: Scratch, columns: list[str], buckets: int) -> int:
+
+def distribute(index: int, offset: int, scratch: Scratch, columns: list[str], buckets: int, numeric: list[str]) -> int:
     """Stage B on one piece: each record's class (its tuple's, from the shard of its bucket), then its
-    records to their class partitions (``targets``: the class partition of every class).
+    records to their class partitions (``targets``: the class partition of every class), and their ε-quasi
+    columns (``numeric``) apart for the prediction (``NUMERIC_SHUFFLE``).
 
     The records' index becomes their source position (the piece's offset plus their place in it); the
     anonymiser's suppressed records (class -1, OLA) go nowhere. Returns the records kept. One shard's
@@ -273,7 +280,9 @@ def distribute(index: int, offset: int, scratch: Scratch, columns: list[str], bu
     order, runs = by_target(target_of_class[class_ids[kept]])
     grouped, grouped_ids = frame.iloc[kept[order]], class_ids[kept[order]]
     for target, rows in runs:
-        area.write((grouped.iloc[rows], grouped_ids[rows]), "shuffle", target, index)
+        records = grouped.iloc[rows]
+        area.write((records, grouped_ids[rows]), "shuffle", target, index)
+        area.write((records[numeric], grouped_ids[rows]), NUMERIC_SHUFFLE, target, index)
     fault_point("worker-distribute")
     return len(kept)
 
@@ -533,7 +542,8 @@ def predict_partition(index: int, pieces: int, scratch: Scratch, spec: ReleaseSp
     """Before ε: the prediction of one class partition (``kepsilon.engine.predict``, the in-memory path's own
     function on whole classes), from throw-away noise seeded by ``seed``; the partition stays in the scratch
     for the perturbation. Returns sums only (no value)."""
-    loaded = [scratch.read("shuffle", index, piece) for piece in range(pieces) if scratch.exists("shuffle", index, piece)]
+    loaded = [scratch.read(NUMERIC_SHUFFLE, index, piece) for piece in range(pieces)
+              if scratch.exists(NUMERIC_SHUFFLE, index, piece)]
     if not loaded:
         return Prediction(draws=draws, published=np.zeros(draws))
     kept = pd.concat([frame for frame, _ in loaded])

@@ -79,7 +79,7 @@ def _classes_distributed(spec: ReleaseSpec, partitions: int, root: Scratch):
     anonymised, classes = anonymise_in_shards(spec, plan, table, root)
     columns = [q.column for q in spec.roles.k_quasi]
     for piece, offset in zip(plan.pieces, table.offsets):
-        distribute(piece.index, offset, root, columns, pieces)
+        distribute(piece.index, offset, root, columns, pieces, [q.column for q in spec.roles.e_quasi])
     return pieces, table, anonymised, classes
 
 

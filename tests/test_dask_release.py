@@ -137,7 +137,7 @@ def run_stages(spec: ReleaseSpec, seed: bytes, partitions: int, folder: Path):
     anonymised, classes = anonymise_in_shards(spec, plan, table, root)
     columns = [q.column for q in spec.roles.k_quasi]
     for piece, offset in zip(plan.pieces, table.offsets):
-        distribute(piece.index, offset, root, columns, pieces)
+        distribute(piece.index, offset, root, columns, pieces, [q.column for q in spec.roles.e_quasi])
     coder = GroupCoder.build(spec, anonymised.hierarchies, anonymised.criteria)
     parts = [
         perturb_and_suppress(j, pieces, root, spec, RecordStreams(seed), anonymised.hierarchies, classes.levels, coder, pieces)
@@ -187,7 +187,8 @@ def test_the_class_partitions_predict_what_the_in_memory_path_predicts(sources, 
                             lambda number: distinct_count(root, number, pieces))
     anonymise_in_shards(spec, plan, table, root)
     for piece, offset in zip(plan.pieces, table.offsets):
-        distribute(piece.index, offset, root, [q.column for q in spec.roles.k_quasi], pieces)
+        distribute(piece.index, offset, root, [q.column for q in spec.roles.k_quasi], pieces,
+                   [q.column for q in spec.roles.e_quasi])
     whole = Prediction(draws=8, published=np.zeros(8))
     for index in range(pieces):
         whole = whole.add(predict_partition(index, pieces, root, spec, 8, index))
