@@ -438,22 +438,17 @@ class DaskEngine:
 # thread busy as tasks finish unevenly, few enough that a 10M-row release on 2 workers runs 6 tasks per stage
 # instead of 20 (docs/dask.md).
 TASKS_PER_THREAD = 3
-# Mondrian's cut statistics run once per depth of the tree's top (6 depths at 10M fine rows), each a few tens of ms per
-# shard: one task per worker thread does a depth's shards (three per thread were 24 more task runs at 10M, about a
-# third of that step's workers' CPU).
-ONE_TASK_PER_THREAD = frozenset({"cut-statistics"})
 
 
 def _on_cluster(name: str, function, arguments: list[tuple], counted: bool = False) -> list:
     """Stage ``name``: ``function(*a)`` for every ``a`` (one partition's, shard's or bucket's inputs), in batches
-    dealt in turn (at most ``TASKS_PER_THREAD`` per worker thread, one for ``ONE_TASK_PER_THREAD``'s steps), each
-    batch one Prefect task named after the stage; the results in the order of ``arguments``. ``counted``: whether
-    the stage's partitions are steps of the release's progress (``tasks/shards.py``'s steps are not: how many the
-    tree's depth takes is known only as it grows). A failure raised is the first failing argument's, in their order."""
+    dealt in turn (at most ``TASKS_PER_THREAD`` per worker thread), each batch one Prefect task named after
+    the stage; the results in the order of ``arguments``. ``counted``: whether the stage's partitions are steps
+    of the release's progress (``tasks/shards.py``'s steps are not: how many the tree's depth takes is known
+    only as it grows). A failure raised is the first failing argument's, in their order."""
     if not arguments:
         return []
-    per_thread = 1 if name in ONE_TASK_PER_THREAD else TASKS_PER_THREAD
-    batches = min(len(arguments), per_thread * _cluster_threads())
+    batches = min(len(arguments), TASKS_PER_THREAD * _cluster_threads())
     dealt = [list(range(first, len(arguments), batches)) for first in range(batches)]
     step = batch_task.with_options(name=name)
     futures = [step.submit(function, [arguments[i] for i in numbers], numbers) for numbers in dealt]
