@@ -18,6 +18,7 @@ import argparse
 import asyncio
 import json
 import os
+import shutil
 import sqlite3
 import subprocess
 import sys
@@ -106,8 +107,15 @@ def main() -> int:
             check_advice(args, work / "out", failures)
         finally:
             stop(worker)
-    print(f"{'OK' if not failures else 'FAILED'}: deployment check ({len(failures)} failure(s)); logs in {work}")
-    return 1 if failures else 0
+    if failures:
+        # Kept for the logs (worker.log, prefect/server.log); it also holds the check's store, seed key and
+        # reports, so it stays 0700 (mkdtemp) and is the reader's to remove.
+        print(f"FAILED: deployment check ({len(failures)} failure(s)); logs and the check's private files in {work}")
+        return 1
+    # The check's store, seed key, reports and published files are private: nothing of them stays behind.
+    shutil.rmtree(work, ignore_errors=True)
+    print("OK: deployment check (0 failure(s))")
+    return 0
 
 
 def check_run(args, output_dir: Path, failures: list[str]) -> None:
