@@ -115,7 +115,7 @@ class _SealingWriter:
 
     def _seal(self, final: bool) -> None:
         nonce = os.urandom(_NONCE)
-        sealed = self._aead.encrypt(nonce, bytes(self._buffer), _associated(self._name, self._count, final))
+        sealed = self._aead.encrypt(nonce, self._buffer, _associated(self._name, self._count, final))
         self._handle.write(len(sealed).to_bytes(4, "big") + nonce)
         self._handle.write(sealed)
         self._buffer.clear()
@@ -129,7 +129,8 @@ class _OpeningReader(io.RawIOBase):
         if handle.read(len(MAGIC)) != MAGIC:
             raise ValueError("not a sealed scratch piece")
         self._handle, self._aead, self._name = handle, aead, name
-        self._plain, self._offset, self._count, self._done = b"", 0, 0, False
+        self._plain, self._offset, self._count, self._done = memoryview(b""), 0, 0, False
+        self._header = handle.read(4 + _NONCE)
 
     def readable(self) -> bool:
         return True
@@ -145,21 +146,22 @@ class _OpeningReader(io.RawIOBase):
         return size
 
     def _open_next(self) -> None:
+        """Open the next chunk. It is the last exactly when no header follows it, so it is opened once, with
+        that flag bound: a piece cut after any chunk, or with anything after its last, fails to open."""
         from cryptography.exceptions import InvalidTag
 
-        header = self._handle.read(4 + _NONCE)
+        header = self._header
         if len(header) < 4 + _NONCE:
             raise ValueError("a sealed scratch piece ends before its last chunk")
         sealed = self._handle.read(int.from_bytes(header[:4], "big"))
-        for final in (False, True):
-            try:
-                self._plain = self._aead.decrypt(header[4:], sealed, _associated(self._name, self._count, final))
-            except InvalidTag:
-                continue
-            self._offset, self._done = 0, final
-            self._count += 1
-            return
-        raise ValueError("a sealed scratch piece does not open with this run's key")
+        self._header = self._handle.read(4 + _NONCE)
+        final = not self._header
+        try:
+            self._plain = memoryview(self._aead.decrypt(header[4:], sealed, _associated(self._name, self._count, final)))
+        except InvalidTag:
+            raise ValueError("a sealed scratch piece does not open with this run's key") from None
+        self._offset, self._done = 0, final
+        self._count += 1
 
 
 def _associated(name: bytes, count: int, final: bool) -> bytes:

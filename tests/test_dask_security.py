@@ -29,7 +29,7 @@ import pandas as pd
 import pytest
 
 from kepsilon.tasks.errors import SpecError
-from kepsilon.tasks.scratch import MARKER, Scratch, ScratchKey, ScratchLease, private_root, sweep_leftover_scratch
+from kepsilon.tasks.scratch import MAGIC, MARKER, Scratch, ScratchKey, ScratchLease, private_root, sweep_leftover_scratch
 
 from .conftest import release_spec_dict
 
@@ -97,6 +97,29 @@ def test_a_piece_moved_to_another_name_or_cut_short_is_refused(tmp_path):
     area.path("ordered", 0, 0).write_bytes(sealed[: len(sealed) // 2])
     with pytest.raises(ValueError):
         area.read("ordered", 0, 0)
+
+
+def test_a_piece_cut_at_a_chunk_boundary_or_lengthened_is_refused(tmp_path):
+    """Each chunk is opened once, its "last" flag read from whether another chunk follows: a piece cut
+    just after a whole chunk, or with bytes after its last, must not open."""
+    area = Scratch.new(tmp_path / "run")
+    big = pd.DataFrame({"x": np.arange(1_500_000, dtype=np.float64)})  # 12 MB: several sealed chunks
+    area.write(big, "ordered", 0, 0)
+    sealed = area.path("ordered", 0, 0).read_bytes()
+    boundaries, offset = [], len(MAGIC)
+    while offset < len(sealed):
+        offset += 4 + 12 + int.from_bytes(sealed[offset:offset + 4], "big")
+        boundaries.append(offset)
+    assert len(boundaries) >= 3 and boundaries[-1] == len(sealed)
+    for cut in boundaries[:-1]:
+        area.path("ordered", 0, 0).write_bytes(sealed[:cut])
+        with pytest.raises(ValueError, match="does not open"):
+            area.read("ordered", 0, 0)
+    area.path("ordered", 0, 0).write_bytes(sealed + sealed[len(MAGIC):boundaries[0]])  # its first chunk again
+    with pytest.raises(ValueError, match="does not open"):
+        area.read("ordered", 0, 0)
+    area.path("ordered", 0, 0).write_bytes(sealed)
+    pd.testing.assert_frame_equal(area.read("ordered", 0, 0), big)
 
 
 def test_the_key_is_withheld_from_repr_and_travels_pickled_to_a_worker(tmp_path):
