@@ -23,6 +23,8 @@ from kepsilon.engine.criteria import (
     l_diverse,
     monotone_under_suppression,
     recursive_cl,
+    value_counts,
+    value_strings,
 )
 from kepsilon.engine.hierarchy import load_hierarchy
 from kepsilon.engine.ola import ola
@@ -296,3 +298,27 @@ def test_diversity_suppression_removes_a_group_confidence_suppression_left_homog
     assert result.report["removed_by_criteria"] == 3
     published = kept[~result.removed]
     assert published.groupby(published["q"].str[0])["s"].nunique().min() >= 2  # independent count
+
+
+@pytest.mark.parametrize("numeric", [False, True])
+def test_value_counts_counted_on_codes_equal_the_counts_of_every_records_string(numeric):
+    """``value_counts`` turns each distinct value into its string once; the counts, their order (first
+    appearance, the missing values' string where their first record is) and the index must be those of
+    counting every record's string."""
+    import pyarrow as pa
+
+    rng = np.random.default_rng(3)
+    columns = [
+        pd.Series(pd.array(rng.choice(["b", "a", None, "c"], 5000).tolist(), dtype=pd.ArrowDtype(pa.string()))),
+        pd.Series([None, "a", "b", "a"], dtype=object),
+        pd.Series([1, "1", None, np.nan, "x", 2.0], dtype=object),  # two values written alike
+        pd.Series([1.0, np.nan, 2.5, 1.0, 1]),
+        pd.Series([3, 1, 3, 2]),
+        pd.Series(["x", None, "y", "x"], dtype="str"),
+        pd.Series(pd.Categorical(["u", "v", None, "u"])),
+        pd.Series([None, None], dtype=object),
+        pd.Series([], dtype=object),
+    ]
+    for values in columns:
+        every_record = value_strings(values, numeric).value_counts(sort=False).astype(np.int64)
+        pd.testing.assert_series_equal(value_counts(values, numeric), every_record)

@@ -269,7 +269,22 @@ def is_numeric_entry(entry) -> bool:
 def value_counts(values: pd.Series, numeric: bool = False) -> pd.Series:
     """Records per value string (``value_strings``): what a criterion needs of a column, and what partial
     counts of a partitioned table add up to. Indexed by the strings, in order of first appearance."""
-    return value_strings(values, numeric).value_counts(sort=False).astype(np.int64)
+    if numeric:
+        values = pd.to_numeric(values, errors="coerce").astype(np.float64)
+    # Counted on codes, each distinct value turned into its string once (not a string per record); the
+    # missing values' string goes where their first record is, as in order of first appearance.
+    codes, uniques = pd.factorize(values, use_na_sentinel=True)
+    text = [repr(float(v)) if numeric else str(v) for v in uniques]
+    counts = np.bincount(codes[codes >= 0], minlength=len(text)).astype(np.int64)
+    missing = np.flatnonzero(codes < 0)
+    if len(missing):
+        place = int(codes[:missing[0]].max()) + 1 if missing[0] else 0
+        text.insert(place, MISSING)
+        counts = np.insert(counts, place, len(missing))
+    counted = pd.Series(counts, index=pd.Index(text), name="count")
+    if not counted.index.is_unique:  # distinct values written alike (``1`` and ``"1"`` in an object column)
+        counted = counted.groupby(level=0, sort=False).sum()
+    return counted
 
 
 def build_column_criteria(entry, values: pd.Series, hierarchy: Hierarchy | None = None) -> ColumnCriteria:
