@@ -181,17 +181,20 @@ def part_sketch(frame: pd.DataFrame, source: pd.DataFrame, keys: np.ndarray, spe
 
 
 def predicted_sketch(kept: pd.DataFrame, class_ids: np.ndarray, spec, hierarchies: dict, levels: dict | None,
-                     leaf_codes: dict[str, np.ndarray] | None = None) -> dict:
+                     leaf_codes: dict[str, np.ndarray] | None = None,
+                     label_codes: dict[str, np.ndarray] | None = None) -> dict:
     """One class partition's predicted groups: per label combination its records and sampling weights' sum.
 
     A class partition holds whole classes, so each record's label is the in-memory path's
     (``certificate.predicted_labels``: every kept record published); a label combination may still
     come from classes of several partitions, hence the reduction by labels (:func:`add_predicted`).
     The combinations are counted on the labels' numbers, in order of first occurrence, and only each
-    combination's first record's labels become text. ``leaf_codes``: as ``published_label_codes`` takes them.
+    combination's first record's labels become text. ``leaf_codes``: as ``published_label_codes`` takes them;
+    ``label_codes``: its codes with every record published, when the caller has them (stage C does).
     """
     k_quasi = [q.column for q in spec.roles.k_quasi]
-    numbers = published_label_codes(kept[k_quasi], class_ids, np.ones(len(kept), dtype=bool), hierarchies, levels, leaf_codes)
+    numbers = label_codes if label_codes is not None else published_label_codes(
+        kept[k_quasi], class_ids, np.ones(len(kept), dtype=bool), hierarchies, levels, leaf_codes)
     distinct = {column: label_table(hierarchies[column])[1] for column in k_quasi}
     combined = combination_codes({column: (numbers[column], len(distinct[column])) for column in k_quasi}, k_quasi, len(kept))
     codes, firsts = first_occurrences(combined)

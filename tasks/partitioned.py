@@ -63,7 +63,7 @@ from kepsilon.engine.assemble import merge_release_columns
 from kepsilon.engine.criteria import MISSING, declared, domain_codes, group_value_counts
 from kepsilon.engine.histogram import TupleHistogram, _add_counts
 from kepsilon.engine.metrics import errors_by_class, expected_relative_errors, linked_records
-from kepsilon.engine.partition import label_table, published_label_codes
+from kepsilon.engine.partition import label_table, published_label_codes, relabel_after_suppression
 from kepsilon.engine.perturb import source_positions
 from kepsilon.engine.predict import Prediction, predict
 from kepsilon.engine.randomness import RecordStreams
@@ -497,14 +497,15 @@ def perturb_and_suppress(
     k_quasi = roles["k_quasi"]
     # Each k-quasi matched against its hierarchy's leaves once, for the labels and the predicted groups.
     leaves = {column: hierarchies[column].leaf_codes(kept[column]) for column in k_quasi if column in hierarchies}
-    labels = label_categoricals(published_label_codes(kept[k_quasi], class_ids, published, hierarchies, levels, leaves),
-                                hierarchies, kept.index)
+    every = published_label_codes(kept[k_quasi], class_ids, np.ones(len(kept), dtype=bool), hierarchies, levels, leaves)
+    numbers = relabel_after_suppression(every, kept[k_quasi], class_ids, published, hierarchies, levels, leaves)
+    labels = label_categoricals(numbers, hierarchies, kept.index)
     merged = merge_release_columns(labels, kept, perturbed.frame, roles)
     keys = coder.keys(labels)
     codes = [coder.value_codes(number, kept[column]) for number, column in enumerate(coder.sensitive)]
     groups = GroupCounts.count(keys[published], [column[published] for column in codes])
     if not area.exists(PREDICTED_SKETCH, index):  # the certificate's predicted groups (made before ε with a risk gate)
-        area.write(predicted_sketch(kept, class_ids, spec, hierarchies, levels, leaves), PREDICTED_SKETCH, index)
+        area.write(predicted_sketch(kept, class_ids, spec, hierarchies, levels, leaves, every), PREDICTED_SKETCH, index)
     classes = _class_table(kept, perturbed, class_ids, published, keys, spec)
     errors = _error_sums(kept, perturbed, spec)
     positions = source_positions(kept)

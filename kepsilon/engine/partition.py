@@ -146,6 +146,31 @@ def published_label_codes(
     return codes
 
 
+def relabel_after_suppression(
+    every: dict[str, np.ndarray], frame: pd.DataFrame, class_ids: np.ndarray, published: np.ndarray, hierarchies,
+    levels: dict | None = None, leaf_codes: dict[str, np.ndarray] | None = None,
+) -> dict[str, np.ndarray]:
+    """:func:`published_label_codes` for ``published``, from ``every``: the codes with every record published.
+
+    A class's labels depend on its own published members only, so only the classes with a record not
+    published can differ from ``every``; those classes' rows alone are labelled again. A partitioned release
+    needs both (the certificate predicts its groups with every kept record published), and labelling twice
+    cost it a pass over every row and column.
+    """
+    published = np.asarray(published, dtype=bool)
+    class_ids = np.asarray(class_ids)
+    if published.all():
+        return every
+    rows = np.flatnonzero(np.isin(class_ids, np.unique(class_ids[~published])))
+    leaves = {column: codes[rows] for column, codes in leaf_codes.items()} if leaf_codes is not None else None
+    again = published_label_codes(frame.iloc[rows], class_ids[rows], published[rows], hierarchies, levels, leaves)
+    result = {}
+    for column, codes in every.items():
+        result[column] = codes.copy()
+        result[column][rows] = again[column]
+    return result
+
+
 def label_table(hierarchy: Hierarchy) -> tuple[np.ndarray, pd.api.extensions.ExtensionArray]:
     """Every level's labels laid end to end (level 0's for each leaf, then level 1's, ...): per place, the
     number of its label among the distinct labels, numbered as first met; and those distinct labels, as
