@@ -211,7 +211,7 @@ def predicted_sketch(kept: pd.DataFrame, class_ids: np.ndarray, spec, hierarchie
 def predicted_partition(index: int, pieces: int, scratch, spec, hierarchies: dict, levels: dict | None) -> int:
     """Before ε: :func:`predicted_sketch` of class partition ``index`` (``shuffle``) into the scratch.
     Returns its groups' number (no value). Stage C does the same when it finds none."""
-    loaded = [scratch.read("shuffle", index, piece) for piece in range(pieces) if scratch.exists("shuffle", index, piece)]
+    loaded = scratch.read_present("shuffle", index, count=pieces)
     if not loaded:
         sketch = {"labels": pd.DataFrame(), "records": np.zeros(0, dtype=np.int64), "weight_sums": None}
     else:
@@ -245,7 +245,7 @@ def predicted_risk_models(spec, scratch, parts: int, source_pieces: int, hierarc
     check_weights(spec, [scratch.read(SOURCE_SKETCH, piece) for piece in range(source_pieces)])
     k_quasi = [q.column for q in spec.roles.k_quasi]
     sizes, labels, weight_sums = add_predicted(
-        [scratch.read(PREDICTED_SKETCH, index) for index in range(parts) if scratch.exists(PREDICTED_SKETCH, index)], k_quasi)
+        scratch.read_present(PREDICTED_SKETCH, count=parts), k_quasi)
     with_table = population_table is not None or (spec.population is not None and spec.population.table is not None)
     return group_risk_models(sizes, spec, hierarchies, weight_sums, labels if with_table else None, population_table)
 

@@ -117,7 +117,7 @@ def write_by_bucket(scratch: Scratch, groups: GroupCounts, name: str, index: int
 
 def add_bucket(scratch: Scratch, name: str, bucket: int, parts: int, sensitive_columns: int) -> GroupCounts:
     """One bucket's groups added up over the partitions that wrote a piece of it."""
-    pieces = [scratch.read(name, bucket, part) for part in range(parts) if scratch.exists(name, bucket, part)]
+    pieces = scratch.read_present(name, bucket, count=parts)
     return GroupCounts.add(pieces) if pieces else GroupCounts.empty(sensitive_columns)
 
 

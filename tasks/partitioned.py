@@ -486,7 +486,7 @@ def perturb_and_suppress(
     (``kepsilon.engine.stages.noise_and_suppress``), then the labels and the reductions for the steps that
     need every partition."""
     area = scratch
-    loaded = [area.read("shuffle", index, piece) for piece in range(pieces) if area.exists("shuffle", index, piece)]
+    loaded = area.read_present("shuffle", index, count=pieces)
     if not loaded:
         return ClassPartition(index, 0, {}, {}, GroupCounts.empty(len(coder.sensitive)), pd.DataFrame(), {})
     kept = pd.concat([frame for frame, _ in loaded])
@@ -543,8 +543,7 @@ def predict_partition(index: int, pieces: int, scratch: Scratch, spec: ReleaseSp
     """Before ε: the prediction of one class partition (``kepsilon.engine.predict``, the in-memory path's own
     function on whole classes), from throw-away noise seeded by ``seed``; the partition stays in the scratch
     for the perturbation. Returns sums only (no value)."""
-    loaded = [scratch.read(NUMERIC_SHUFFLE, index, piece) for piece in range(pieces)
-              if scratch.exists(NUMERIC_SHUFFLE, index, piece)]
+    loaded = scratch.read_present(NUMERIC_SHUFFLE, index, count=pieces)
     if not loaded:
         return Prediction(draws=draws, published=np.zeros(draws))
     kept = pd.concat([frame for frame, _ in loaded])
@@ -673,7 +672,7 @@ def publish_part(
     from .validate import validate_part
 
     area = scratch
-    loaded = [area.read("ordered", index, piece) for piece in range(pieces) if area.exists("ordered", index, piece)]
+    loaded = area.read_present("ordered", index, count=pieces)
     encoded: tuple[str, ...] = ()
     source_encoded: tuple[str, ...] = ()
     if loaded:

@@ -224,6 +224,15 @@ class Scratch:
     def exists(self, *parts) -> bool:
         return self.path(*parts).exists()
 
+    def present(self, *prefix, count: int) -> list[int]:
+        """The numbers ``i`` in ``range(count)`` whose piece ``(*prefix, i)`` exists, in increasing order: a
+        stage reads what every partition (or bucket) wrote for it, and one with no records for it wrote none."""
+        return [number for number in range(count) if self.exists(*prefix, number)]
+
+    def read_present(self, *prefix, count: int) -> list:
+        """Every piece ``(*prefix, i)`` that exists, ``i`` in ``range(count)``, in that order (:meth:`present`)."""
+        return [self.read(*prefix, number) for number in self.present(*prefix, count=count)]
+
     def remove(self, *parts) -> None:
         target = self.path(*parts)
         if target.is_dir() and not target.is_symlink():

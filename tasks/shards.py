@@ -245,7 +245,7 @@ def route_shard(scratch: Scratch, bucket: int, tree: CutTree, encoding: Encoding
 def finish_leaf(scratch: Scratch, leaf: int, buckets: int, encoding: Encoding, k: int, criteria, e_quasis: list[str]) -> int:
     """One leaf of the top finished in memory: its classes (numbered in the leaf), their first rows and
     figures, and where in each shard its tuples are. Returns its number of classes."""
-    parts = [(b, *scratch.read("leaf", leaf, b)) for b in range(buckets) if scratch.exists("leaf", leaf, b)]
+    parts = [(b, *scratch.read("leaf", leaf, b)) for b in scratch.present("leaf", leaf, count=buckets)]
     histogram = concat_disjoint([part for _, part, _ in parts])
     classes = finish_subtree(histogram, encoding, k, criteria)
     zero = {}

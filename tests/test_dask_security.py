@@ -99,6 +99,17 @@ def test_a_piece_moved_to_another_name_or_cut_short_is_refused(tmp_path):
         area.read("ordered", 0, 0)
 
 
+def test_a_stage_reads_the_pieces_present_in_order_and_only_those(tmp_path):
+    area = Scratch.new(tmp_path / "run")
+    for number in (5, 0, 2):
+        area.write({"piece": number}, "ordered", 3, number)
+    area.write({"piece": "elsewhere"}, "ordered", 4, 1)
+    assert area.present("ordered", 3, count=6) == [0, 2, 5]
+    assert area.present("ordered", 3, count=5) == [0, 2]
+    assert area.read_present("ordered", 3, count=6) == [{"piece": 0}, {"piece": 2}, {"piece": 5}]
+    assert area.read_present("ordered", 7, count=6) == []
+
+
 def test_a_piece_cut_at_a_chunk_boundary_or_lengthened_is_refused(tmp_path):
     """Each chunk is opened once, its "last" flag read from whether another chunk follows: a piece cut
     just after a whole chunk, or with bytes after its last, must not open."""
