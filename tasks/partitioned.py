@@ -787,7 +787,7 @@ def release_memory() -> None:
     one releases it.
 
     After its first collection a process freezes what survived it (``gc.freeze``): the modules and
-    libraries a worker imported (about 400k objects: Prefect, Dask, pandas, Great Expectations), which
+    libraries a worker imported (about 360k objects: Prefect, Dask, pandas, Great Expectations), which
     live as long as the worker. A full collection then scans only what was made since, a partition's
     objects among them, instead of 0.24 s of CPU walking the libraries again after every task.
     """

@@ -11,8 +11,8 @@ are raw microdata, so:
 - **Encrypted**: every piece is sealed with AES-256-GCM under a key drawn per run (:class:`ScratchKey`),
   held only in memory by the flow and handed to its workers as a task input (Prefect records a task
   input's type, never its value; the key's ``repr`` withholds it). A killed run's leftovers are ciphertext
-  whose key died with the run. Each chunk is bound to its file's name and position, so pieces cannot be
-  swapped, reordered or cut short unnoticed.
+  whose key died with the run. Each chunk is bound to its file's name and position and to whether it is the
+  last, so pieces cannot be swapped, reordered, cut short or lengthened unnoticed.
 - **Owned**: the run folder holds a marker (``.kepsilon-scratch``: release id, start time, process id,
   host — no data) on which the flow keeps an exclusive ``flock`` until the run ends. The kernel drops the
   lock when the process dies, however it dies, so "marker present and lock free" means "left by a dead
