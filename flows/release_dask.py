@@ -12,7 +12,8 @@ this module (``DaskEngine``) only orders them and adds up what they return: coun
 class sizes, check outcomes, disclosure figures and the error figure's points or hexagon counts — nothing that
 grows with the groups or classes (docs/performance.md, "the flow's process").
 
-Where things run: every stage's partitions go, a few tasks per worker thread (``_on_cluster``), to the flow's
+Where things run: every stage's partitions go, one task per worker thread (``_on_cluster``; the histogram's shard
+steps three, ``_on_shards``), to the flow's
 ``DaskTaskRunner`` (prefect-dask), on a ``LocalCluster`` of ``execution.workers`` processes, or on the cluster
 whose scheduler is ``execution.scheduler``. The tasks that touch the audit store (verify, already published, approval,
 reservation, the seed, the record) and the output-folder check are called directly, so they run in
@@ -432,23 +433,29 @@ class DaskEngine:
 
 # What a Prefect task run costs a worker outside the task's own function (its contexts and settings rebuilt, its
 # clients, its states sent to the API: 140 ms of CPU for a task that does nothing, measured on this project's 2-core
-# machine with the release's loopback API) is more than a shard's work (tens of ms) and a tenth of a 500k-record
-# partition's stage, and the flow and the Prefect server pay for every run again. So a stage's partitions (or shards,
-# or buckets) go in a few tasks per worker thread, each doing several one after the other: enough to keep every
-# thread busy as tasks finish unevenly, few enough that a 10M-row release on 2 workers runs 6 tasks per stage
-# instead of 20 (docs/dask.md).
-TASKS_PER_THREAD = 3
+# machine with the release's loopback API; about half of it is validating the flow's whole Settings again) is more
+# than a shard's work (tens of ms) and a tenth of a 500k-record partition's stage, and the flow and the Prefect
+# server pay for every run again. So a stage's partitions go in one task per worker thread, each doing its
+# partitions one after the other (a 10M-row release on 2 workers: 2 tasks per stage instead of 20). Three per thread
+# measured 6-15 % more worker CPU in two pairs of 10M-row runs, and no shorter stages: the partitions are of equal
+# size, so one task per thread finishes as evenly as three (docs/dask.md).
+TASKS_PER_THREAD = 1
+# The histogram's shard steps (merge, Mondrian's cut statistics by depth, routing, sub-trees, numbering) keep three
+# per thread: with one, the flow received half a depth's cut statistics in a single result, and its peak at 30M
+# fine rows rose to 480-483 MB against 410 at 1M (+18 %, over the 15 % the flow's memory may grow).
+SHARD_TASKS_PER_THREAD = 3
 
 
-def _on_cluster(name: str, function, arguments: list[tuple], counted: bool = False) -> list:
+def _on_cluster(name: str, function, arguments: list[tuple], counted: bool = False,
+                per_thread: int = TASKS_PER_THREAD) -> list:
     """Stage ``name``: ``function(*a)`` for every ``a`` (one partition's, shard's or bucket's inputs), in batches
-    dealt in turn (at most ``TASKS_PER_THREAD`` per worker thread), each batch one Prefect task named after
-    the stage; the results in the order of ``arguments``. ``counted``: whether the stage's partitions are steps
-    of the release's progress (``tasks/shards.py``'s steps are not: how many the tree's depth takes is known
-    only as it grows). A failure raised is the first failing argument's, in their order."""
+    dealt in turn (at most ``per_thread`` per worker thread), each batch one Prefect task named after the stage;
+    the results in the order of ``arguments``. ``counted``: whether the stage's partitions are steps of the
+    release's progress (``tasks/shards.py``'s steps are not: how many the tree's depth takes is known only as it
+    grows). A failure raised is the first failing argument's, in their order."""
     if not arguments:
         return []
-    batches = min(len(arguments), TASKS_PER_THREAD * _cluster_threads())
+    batches = min(len(arguments), per_thread * _cluster_threads())
     dealt = [list(range(first, len(arguments), batches)) for first in range(batches)]
     step = batch_task.with_options(name=name)
     futures = [step.submit(function, [arguments[i] for i in numbers], numbers) for numbers in dealt]
@@ -458,6 +465,11 @@ def _on_cluster(name: str, function, arguments: list[tuple], counted: bool = Fal
         for number, result in zip(numbers, batch):
             ordered[number] = result
     return ordered
+
+
+def _on_shards(name: str, function, arguments: list[tuple]) -> list:
+    """:func:`_on_cluster` for the histogram's shard steps: ``SHARD_TASKS_PER_THREAD`` tasks per worker thread."""
+    return _on_cluster(name, function, arguments, per_thread=SHARD_TASKS_PER_THREAD)
 
 
 def _cluster_client():
@@ -484,9 +496,9 @@ def _anonymise(spec: ReleaseSpec, plan, table, scratch: Scratch) -> ShardedClass
     histogram (``tasks/shards.py``)."""
     columns = [q.column for q in spec.roles.k_quasi]
     pieces = len(plan.pieces)
-    summaries = _on_cluster("merge-histogram", merge_shard, [(scratch, b, table.offsets, columns) for b in range(pieces)])
+    summaries = _on_shards("merge-histogram", merge_shard, [(scratch, b, table.offsets, columns) for b in range(pieces)])
     scratch.remove("partial")
-    sharded = anonymise_shards(spec, scratch, summaries, table.values, _on_cluster)
+    sharded = anonymise_shards(spec, scratch, summaries, table.values, _on_shards)
     for name in ("leaf", "local", "firsts", "numbers", "class-of", "class-table"):
         scratch.remove(name)
     return sharded

@@ -8,7 +8,7 @@ from prefect import flow
 from prefect.states import Failed
 
 from kepsilon.flows import release_dask
-from kepsilon.flows.release_dask import TASKS_PER_THREAD, _on_cluster
+from kepsilon.flows.release_dask import SHARD_TASKS_PER_THREAD, TASKS_PER_THREAD, _on_cluster
 from kepsilon.tasks.errors import InputError, SpecError
 from kepsilon.tasks.partitioned import PartitionFailed, _worth_retrying, batch_task
 
@@ -52,8 +52,9 @@ def test_a_batch_is_retried_unless_its_partition_failed_on_the_input_or_the_spec
 
 
 @flow(persist_result=False)
-def stage_of(count: int, failing: dict) -> list:
-    return _on_cluster("test-stage", square_unless, [(number, failing) for number in range(count)], counted=True)
+def stage_of(count: int, failing: dict, per_thread: int = SHARD_TASKS_PER_THREAD) -> list:
+    return _on_cluster("test-stage", square_unless, [(number, failing) for number in range(count)], counted=True,
+                       per_thread=per_thread)
 
 
 @pytest.mark.usefixtures("prefect_harness")
@@ -68,11 +69,14 @@ def test_a_stage_returns_every_partitions_result_in_order_from_fewer_tasks(monke
         return step
 
     monkeypatch.setattr(release_dask.batch_task, "with_options", counting)
-    ran.clear()
-    assert stage_of(10, {}) == [number * number for number in range(10)]
-    assert sorted(ran) == list(range(10))
-    # One worker thread outside a Dask cluster: TASKS_PER_THREAD tasks, the partitions dealt in turn.
-    assert sorted(submitted) == sorted(len(range(first, 10, TASKS_PER_THREAD)) for first in range(TASKS_PER_THREAD))
+    for per_thread in (SHARD_TASKS_PER_THREAD, TASKS_PER_THREAD):
+        ran.clear()
+        submitted.clear()
+        assert stage_of(10, {}, per_thread) == [number * number for number in range(10)]
+        assert sorted(ran) == list(range(10))
+        # One worker thread outside a Dask cluster: per_thread tasks, the partitions dealt in turn.
+        assert sorted(submitted) == sorted(len(range(first, 10, per_thread)) for first in range(per_thread))
+    assert (TASKS_PER_THREAD, SHARD_TASKS_PER_THREAD) == (1, 3) and submitted == [10]  # a stage: one task per thread
 
 
 @pytest.mark.usefixtures("prefect_harness")
