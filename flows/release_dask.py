@@ -437,8 +437,8 @@ class DaskEngine:
 # than a shard's work (tens of ms) and a tenth of a 500k-record partition's stage, and the flow and the Prefect
 # server pay for every run again. So a stage's partitions go in one task per worker thread, each doing its
 # partitions one after the other (a 10M-row release on 2 workers: 2 tasks per stage instead of 20). Three per thread
-# measured 6-15 % more worker CPU in two pairs of 10M-row runs, and no shorter stages: the partitions are of equal
-# size, so one task per thread finishes as evenly as three (docs/dask.md).
+# measured 5-15 % more worker CPU in three pairs of 10M-row runs, and no shorter stages: the partitions are of equal
+# size, so one task per thread finishes as evenly as three. The progress then moves once per batch (docs/dask.md).
 TASKS_PER_THREAD = 1
 # The histogram's shard steps (merge, Mondrian's cut statistics by depth, routing, sub-trees, numbering) keep three
 # per thread: with one, the flow received half a depth's cut statistics in a single result, and its peak at 30M
