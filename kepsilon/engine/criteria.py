@@ -232,24 +232,27 @@ class ColumnCriteria:
 MISSING = "\u2400"  # a missing sensitive value is a value of its own (the published file shows it empty)
 
 
-def value_strings(values: pd.Series, numeric: bool = False) -> pd.Series:
-    """Values as the strings the domain holds; numbers by value (``1`` and ``1.0`` agree) when numeric;
-    missing values as ``MISSING``. Converted once per distinct value."""
+def _distinct_strings(values: pd.Series, numeric: bool) -> tuple[np.ndarray, list[str]]:
+    """Each value's code (-1 when missing) and the distinct values' strings, in order of first appearance:
+    numbers by value (``1`` and ``1.0`` agree) when numeric. The strings are made once per distinct value."""
     if numeric:
         values = pd.to_numeric(values, errors="coerce").astype(np.float64)
     codes, uniques = pd.factorize(values, use_na_sentinel=True)
-    text = np.array([repr(float(v)) if numeric else str(v) for v in uniques] + [MISSING], dtype=object)
-    return pd.Series(text[codes], index=values.index)
+    return codes, [repr(float(v)) if numeric else str(v) for v in uniques]
+
+
+def value_strings(values: pd.Series, numeric: bool = False) -> pd.Series:
+    """Values as the strings the domain holds; numbers by value (``1`` and ``1.0`` agree) when numeric;
+    missing values as ``MISSING``. Converted once per distinct value."""
+    codes, text = _distinct_strings(values, numeric)
+    return pd.Series(np.array(text + [MISSING], dtype=object)[codes], index=values.index)
 
 
 def domain_codes(values: pd.Series, numeric: bool, domain: pd.Index) -> np.ndarray:
     """Each value's position in ``domain`` (a domain of value strings; -1 if absent), matched once per
     distinct value: ``domain.get_indexer(value_strings(values, numeric))`` without a string per row."""
-    if numeric:
-        values = pd.to_numeric(values, errors="coerce").astype(np.float64)
-    codes, uniques = pd.factorize(values, use_na_sentinel=True)
-    text = [repr(float(v)) if numeric else str(v) for v in uniques] + [MISSING]
-    return domain.get_indexer(pd.Index(text, dtype=object))[codes]
+    codes, text = _distinct_strings(values, numeric)
+    return domain.get_indexer(pd.Index(text + [MISSING], dtype=object))[codes]
 
 
 def group_value_counts(groups: np.ndarray, codes: np.ndarray, n_groups: int, m: int, weights=None) -> np.ndarray:
@@ -269,12 +272,9 @@ def is_numeric_entry(entry) -> bool:
 def value_counts(values: pd.Series, numeric: bool = False) -> pd.Series:
     """Records per value string (``value_strings``): what a criterion needs of a column, and what partial
     counts of a partitioned table add up to. Indexed by the strings, in order of first appearance."""
-    if numeric:
-        values = pd.to_numeric(values, errors="coerce").astype(np.float64)
     # Counted on codes, each distinct value turned into its string once (not a string per record); the
     # missing values' string goes where their first record is, as in order of first appearance.
-    codes, uniques = pd.factorize(values, use_na_sentinel=True)
-    text = [repr(float(v)) if numeric else str(v) for v in uniques]
+    codes, text = _distinct_strings(values, numeric)
     counts = np.bincount(codes[codes >= 0], minlength=len(text)).astype(np.int64)
     missing = np.flatnonzero(codes < 0)
     if len(missing):
