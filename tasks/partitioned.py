@@ -67,7 +67,7 @@ from kepsilon.engine.partition import label_table, published_label_codes, relabe
 from kepsilon.engine.perturb import source_positions
 from kepsilon.engine.predict import Prediction, predict
 from kepsilon.engine.randomness import RecordStreams
-from kepsilon.engine.sorting import unique_inverse
+from kepsilon.engine.sorting import key_then_position_order, unique_inverse
 from kepsilon.engine.stages import noise_and_suppress
 from kepsilon.faults import fault_point
 from kepsilon.flows.spec import ReleaseSpec
@@ -561,8 +561,7 @@ def empty_like(frame: pd.DataFrame) -> pd.DataFrame:
 def _class_table(kept, perturbed, class_ids, published, keys, spec) -> pd.DataFrame:
     """Per class of the partition: its published group's key, published records, records linked per
     ε-quasi (published ones, by nearest original in the class) and its mean predicted and measured error."""
-    classes, dense = np.unique(class_ids, return_inverse=True)
-    dense = dense.reshape(-1)
+    classes, dense = unique_inverse(class_ids)
     table = {"class": classes, "published": np.bincount(dense, weights=published, minlength=len(classes)).astype(np.int64)}
     key = np.full(len(classes), -1, dtype=np.int64)
     key[dense[published]] = keys[published]  # the published rows of a class share its labels
@@ -688,7 +687,7 @@ def publish_part(
         codes = [np.zeros(0, np.int64) for _ in range(sensitive_columns)]
         source = pd.DataFrame({column: pd.Series([], dtype=object) for column in source_columns(spec)})
     keep = ~np.isin(keys, failing)
-    ordered = np.flatnonzero(keep)[np.lexsort((positions[keep], order[keep]))]  # RecordStreams.order's rule
+    ordered = np.flatnonzero(keep)[key_then_position_order(order[keep], positions[keep])]  # RecordStreams.order's rule
     # Where a k-quasi's source values and labels are both codes, the certificate counts their pairs on them
     # (a missing value is code -1: shifted, it is a value like the others).
     pair_codes = {column: (source[column].array.codes[ordered] + 1, frame[column].array.codes[ordered] + 1)

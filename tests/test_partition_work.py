@@ -9,6 +9,7 @@ import pandas as pd
 import pytest
 
 from kepsilon.engine.hierarchy import ClassRuns, Hierarchy, lowest_common_levels
+from kepsilon.engine.sorting import RADIX_SPAN
 from kepsilon.engine.suppress import ClassSortedValues
 from kepsilon.tasks.counting import by_target, first_occurrences, slices_by_target, value_pair_counts
 
@@ -54,15 +55,19 @@ def test_lowest_common_levels_by_runs_are_the_scattered_ones(classes):
     assert np.array_equal(lowest_common_levels(leaf_codes, class_ids, hierarchy, ClassRuns.of(class_ids)), expected)
 
 
-def test_class_sorted_positions_are_the_row_order_searches():
-    dense = RNG.integers(0, 50, 20_000)
+@pytest.mark.parametrize("classes", [50, 70_000])  # few enough to group the rows by class first, or not
+def test_class_sorted_positions_are_the_row_order_searches(classes):
+    dense = RNG.integers(0, classes, 200_000)
     values = RNG.integers(0, 40, len(dense)).astype(np.float64)  # many ties
     bounds = values + RNG.normal(0, 5, len(dense))
     index = ClassSortedValues(dense, values)
+    assert (index._by_class is not None) == (classes < RADIX_SPAN)
+    assert np.array_equal(index.order, np.argsort(dense * index.width + np.searchsorted(index.distinct, values), kind="stable"))
     for inclusive in (False, True):
         ranks = np.searchsorted(index.distinct, bounds, side="right" if inclusive else "left")
         expected = np.searchsorted(index.keys, dense * index.width + ranks, side="left")
         assert np.array_equal(index.position(dense, bounds, inclusive), expected)
+        assert np.array_equal(index.position(dense.copy(), bounds, inclusive), expected)  # other rows: sorted first
 
 
 def _value_counts(values: pd.Series, labels: pd.Series) -> pd.DataFrame:

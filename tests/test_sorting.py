@@ -3,7 +3,17 @@ the same numbering of distinct values, on the shapes the per-class steps sort.""
 import numpy as np
 import pytest
 
-from kepsilon.engine.sorting import stable_argsort, unique_inverse
+from kepsilon.engine.sorting import key_then_position_order, mostly_ascending, stable_argsort, unique_inverse
+
+
+def _grouped(runs: int, records: int = 40_000, width: int = 1_000) -> np.ndarray:
+    """Keys ``class·width + rank`` of records in ``runs`` runs, each sorted by class (about 20 records a
+    class), the ranks within a class in random order with ties: a class partition's ClassSortedValues keys."""
+    rng = np.random.default_rng(runs)
+    classes = rng.integers(0, records // 20, records)
+    run = rng.integers(0, runs, records)
+    order = np.lexsort((classes, run))
+    return classes[order] * width + rng.integers(0, 30, records)
 
 
 @pytest.mark.parametrize("keys", [
@@ -15,9 +25,18 @@ from kepsilon.engine.sorting import stable_argsort, unique_inverse
     np.random.default_rng(6).integers(2**63, 2**63 + 1000, 2_000, dtype=np.uint64),  # high uint64, small span
     np.random.default_rng(7).integers(0, 200, 4_000).astype(np.int16),
     np.array([5]), np.array([], dtype=np.int64), np.array([3, 3, 3, 1, 1]),
+    _grouped(1), _grouped(6), _grouped(60),  # class-sorted runs, random within a class: the stable sort's path
+    np.arange(10_000)[::-1],  # descending
 ])
 def test_stable_argsort_is_numpys_stable_argsort(keys):
     assert np.array_equal(stable_argsort(keys), np.argsort(keys, kind="stable"))
+
+
+def test_mostly_ascending_tells_class_sorted_runs_from_random_order():
+    assert mostly_ascending(_grouped(1)) and mostly_ascending(_grouped(60))
+    assert not mostly_ascending(np.random.default_rng(11).integers(0, 10**6, 50_000))
+    assert not mostly_ascending(np.arange(50_000)[::-1])
+    assert not mostly_ascending(np.array([1, 2, 3]))  # too short to tell: the quicksort
 
 
 @pytest.mark.parametrize("values", [
@@ -32,3 +51,13 @@ def test_unique_inverse_is_numpys_unique(values):
     assert np.array_equal(distinct, expected_distinct, equal_nan=True)
     assert np.array_equal(inverse, expected_inverse.reshape(-1))
     assert inverse.dtype == np.int64
+
+
+@pytest.mark.parametrize("keys", [
+    np.random.default_rng(12).integers(0, 2**64 - 1, 20_000, dtype=np.uint64),  # distinct: one sort by key
+    np.random.default_rng(13).integers(0, 30, 20_000).astype(np.uint64),  # ties: the positions decide
+    np.array([7, 7], dtype=np.uint64), np.array([], dtype=np.uint64),
+])
+def test_key_then_position_order_is_the_lexsort(keys):
+    positions = np.random.default_rng(14).permutation(len(keys) * 3)[:len(keys)]
+    assert np.array_equal(key_then_position_order(keys, positions), np.lexsort((positions, keys)))

@@ -32,7 +32,7 @@ import hashlib
 import numpy as np
 
 from .errors import SpecError
-from .sorting import stable_argsort
+from .sorting import key_then_position_order, stable_argsort
 
 SEED_BYTES = 32
 STREAMS_VERSION = "record-streams/v1"  # recorded in the private report: a change of scheme changes every value
@@ -72,7 +72,7 @@ class RecordStreams:
         by position, so any subset of records keeps the relative order it has in the whole table.
         """
         positions = _checked_positions(positions)
-        return np.lexsort((positions, self.order_keys(positions)))
+        return key_then_position_order(self.order_keys(positions), positions)
 
 
 def _philox_key(material: bytes) -> int:
