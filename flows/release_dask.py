@@ -116,7 +116,6 @@ from kepsilon.tasks.publish import (
 from kepsilon.tasks.scratch import Scratch, ScratchLease, private_root
 from kepsilon.tasks.shards import SHARD_CODES, SHARD_KEYS, ShardedClasses, anonymise_shards, merge_shard
 from kepsilon.tasks.sources import SourcePlan
-from kepsilon.tasks.validate import validate_aggregated, validation_failure, weight_column_name
 
 # Room the scratch folder needs, as a multiple of the table's size in memory: the classified records,
 # then the records by class and by order range (each stage removes its input as it goes).
@@ -394,6 +393,7 @@ class DaskEngine:
 
     def intake(self, spec: ReleaseSpec) -> int:
         assert self.plan is not None and self.scratch is not None, "govern calls read_source and workspace first"
+        _load_while_the_workers_run()
         self.table = _intake(spec, self.plan, self.scratch)
         return self.table.rows
 
@@ -418,6 +418,9 @@ class DaskEngine:
             verdicts.attempt("journalist and marketer risk", lambda: refuse_risk_over_limits_on_partitions(
                 spec, scratch, len(plan.pieces), classes.levels, anonymised.hierarchies, _on_cluster))
         coder = GroupCoder.build(spec, anonymised.hierarchies, anonymised.criteria)
+        # The gate's checks are loaded before ε (a broken install is refused before anything is spent); this
+        # import waits for the background one (``_load_while_the_workers_run``) if that is still under way.
+        import kepsilon.tasks.validate  # noqa: F401
 
         def spend(reservation, record):
             return _spend_check_stage(spec, key, plan, table, anonymised, coder, reservation, store, record,
@@ -429,6 +432,27 @@ class DaskEngine:
         if isinstance(failure, ValidationFailed):
             # The in-memory path writes nothing when the gate fails; here the parts were written first.
             shutil.rmtree(staging_directory(output_dir, spec.release_id), ignore_errors=True)
+
+
+def _load_while_the_workers_run() -> None:
+    """Import the libraries the flow's process needs only after the workers' stages — Great Expectations for
+    the gate (``tasks/validate.py``) and matplotlib for the private figures — in a thread, while the flow waits
+    on the cluster: 3-5 s of a release's start on a 2-core machine, off its critical path.
+
+    Started once the cluster has run the source's plan, when the flow's own imports are done. A failure here is
+    not the release's: the flow's own import of the module, where it needs it, raises it again (the gate's
+    before ε: ``DaskEngine.anonymise``)."""
+
+    def load() -> None:
+        try:
+            import kepsilon.tasks.validate  # noqa: F401
+            from kepsilon.tasks.figures import pyplot
+
+            pyplot()
+        except Exception:  # noqa: BLE001, S110 - raised again where the flow imports it
+            pass
+
+    threading.Thread(target=load, name="kepsilon-load-libraries", daemon=True).start()
 
 
 # What a Prefect task run costs a worker outside the task's own function (its contexts and settings rebuilt, its
@@ -737,6 +761,8 @@ def _spend_check_stage(
     validation = _gate(spec, record, gates, criteria, [part.checks for part in published])
     record["checks"] = validation.checks
     if not validation.success:
+        from kepsilon.tasks.validate import validation_failure
+
         raise validation_failure(validation)
 
     grids = {q.column: public_grid(q.lower, q.upper, eps) for q, eps in zip(spec.roles.e_quasi, spec.epsilon_split().values())}
@@ -778,6 +804,8 @@ def _fresh_staging(output_dir: str, release_id: str) -> Path:
 def _gate(spec, record, gates: list[GroupGate], criteria, part_checks):
     """The release gate from the buckets' group checks and records and the parts' column checks
     (``validate_aggregated``)."""
+    from kepsilon.tasks.validate import validate_aggregated, weight_column_name
+
     roles = spec.roles.names()
     return validate_aggregated(
         [gate.checks for gate in gates],

@@ -107,7 +107,7 @@ def markdown_image(alt: str, png: bytes) -> str:
     return f"![{alt.replace('[', '(').replace(']', ')')}](data:image/png;base64,{encoded})"
 
 
-def _pyplot():
+def pyplot():
     """matplotlib's pyplot on the headless Agg backend (workers and CI have no display), imported by the first
     figure drawn rather than with this module: a release refused before ε never draws one, and pyplot costs
     about 0.25 s of every `kepsilon release`'s start."""
@@ -122,7 +122,7 @@ def _pyplot():
 def _png(figure, size: _Size) -> bytes:
     buffer = io.BytesIO()
     figure.savefig(buffer, format="png", dpi=size.dpi, bbox_inches="tight")
-    _pyplot().close(figure)
+    pyplot().close(figure)
     return buffer.getvalue()
 
 
@@ -159,7 +159,7 @@ def _draws(advice) -> str:
 
 def _error_vs_epsilon(advice, target_error: float | None, size: _Size) -> bytes:
     """Log–log: predicted error as lines, Monte-Carlo mean ± sd as points, per k."""
-    figure, axes = _pyplot().subplots(figsize=size.figsize(7, 4.5))
+    figure, axes = pyplot().subplots(figsize=size.figsize(7, 4.5))
     for k, cells in _by_k(advice):
         epsilons = [c.epsilon for c in cells]
         (line,) = axes.plot(epsilons, [c.predicted_mean for c in cells], label=f"k = {k}")
@@ -176,7 +176,7 @@ def _error_vs_epsilon(advice, target_error: float | None, size: _Size) -> bytes:
 
 def _linking_risk_vs_epsilon(advice, max_linking_risk: float | None, size: _Size) -> bytes:
     """Linking risk (Monte-Carlo mean ± sd) against ε, per k."""
-    figure, axes = _pyplot().subplots(figsize=size.figsize(7, 4.5))
+    figure, axes = pyplot().subplots(figsize=size.figsize(7, 4.5))
     for k, cells in _by_k(advice):
         axes.errorbar(
             [c.epsilon for c in cells],
@@ -196,7 +196,7 @@ def _linking_risk_vs_epsilon(advice, max_linking_risk: float | None, size: _Size
 
 def _suppression_vs_epsilon(advice, size: _Size) -> bytes:
     """Records suppressed (anonymiser + confidence suppression, Monte-Carlo mean ± sd) against ε, per k."""
-    figure, axes = _pyplot().subplots(figsize=size.figsize(7, 4.5))
+    figure, axes = pyplot().subplots(figsize=size.figsize(7, 4.5))
     for k, cells in _by_k(advice):
         axes.errorbar(
             [c.epsilon for c in cells],
@@ -238,7 +238,7 @@ def release_figures(inputs: FigureInputs, k: int) -> dict[str, Figure]:
 def _group_sizes(sizes: SizeCounts, k: int, size: _Size) -> bytes:
     """Histogram of the published groups' sizes (log bins), with k marked: each distinct size weighted by
     its number of groups, which is the histogram of every group's size."""
-    figure, axes = _pyplot().subplots(figsize=size.figsize(7, 4.5))
+    figure, axes = pyplot().subplots(figsize=size.figsize(7, 4.5))
     bins: list[int] | int = (
         np.unique(np.geomspace(max(1, sizes.smallest), sizes.largest + 1, 30).astype(int)).tolist() if sizes.groups else 10
     )
@@ -278,7 +278,7 @@ def _error_figure(inputs: FigureInputs, size: _Size):
     with ``inputs`` (``ErrorCells``, added up over partitions); ``hexbin`` draws each non-empty cell from its
     centre weighted by its count, on the grid (the extent) the counts were made on.
     """
-    figure, axes = _pyplot().subplots(figsize=size.figsize(5.5, 5))
+    figure, axes = pyplot().subplots(figsize=size.figsize(5.5, 5))
     errors = inputs.errors
     if inputs.points is None:
         assert inputs.cells is not None and inputs.extent is not None, "FigureInputs holds cells when not points"

@@ -62,7 +62,6 @@ from .partitioned import (
     publish_part,
 )
 from .scratch import Scratch
-from .validate import validate_groups, weight_column_name
 
 GROUPS = "groups"  # scratch: (bucket, class partition) the groups a class partition publishes, counted
 CLASSES = "class-rows"  # scratch: (class partition) its per-class table (``ClassPartition.classes``)
@@ -194,6 +193,8 @@ def gate_groups(scratch: Scratch, bucket: int, parts: int, spec: ReleaseSpec, co
     their disclosure figures, and the gate's group expectations on them by Great Expectations (``validate_groups``)."""
     written = add_bucket(scratch, WRITTEN, bucket, parts, len(coder.sensitive))
     scratch.write(GroupSizes(written.keys, written.sizes), WRITTEN_SIZES, bucket)
+    from .validate import validate_groups, weight_column_name  # Great Expectations: loaded where it runs
+
     roles = spec.roles.names()
     weight = weight_column_name([*roles["k_quasi"], *roles["sensitive"]])
     table, per_criterion = gate_tables(written, coder, criteria, weight)

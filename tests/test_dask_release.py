@@ -450,6 +450,28 @@ def test_a_failed_gate_on_dask_publishes_nothing_and_records_the_failure(
 
 @pytest.mark.flow
 @pytest.mark.usefixtures("prefect_harness")
+def test_a_flow_that_cannot_load_the_gates_checks_is_refused_before_epsilon(clusters, sources, tmp_path, monkeypatch):
+    """The flow loads Great Expectations in the background while the workers run (``_load_while_the_workers_run``);
+    the gate's checks must still be loaded before ε, so that a broken install spends nothing."""
+    import sys
+
+    from kepsilon.flows.release import governed_release
+
+    from .conftest import capped_store
+
+    store = capped_store(tmp_path, monkeypatch, "test-population")
+    private_temporary_folder(tmp_path, monkeypatch)
+    monkeypatch.setitem(sys.modules, "kepsilon.tasks.validate", None)  # any import of it raises ImportError
+    execution = {"engine": "dask", "scheduler": clusters[2].scheduler_address, "partitions": 2}
+    spec = make_spec(sources["sample"], tmp_path, execution=execution)
+    with pytest.raises(ImportError, match="kepsilon.tasks.validate"):
+        governed_release(spec)
+    assert store.conn.execute("SELECT COUNT(*) FROM ledger WHERE kind = 'reserve'").fetchone()[0] == 0
+    assert list(store["releases"].rows) == []
+
+
+@pytest.mark.flow
+@pytest.mark.usefixtures("prefect_harness")
 def test_a_configured_cluster_without_workers_is_refused_before_epsilon(sources, tmp_path, monkeypatch):
     """Its scheduler accepts the tasks and holds them: the release used to wait on its first one forever."""
     from distributed import LocalCluster

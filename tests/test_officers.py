@@ -41,3 +41,24 @@ def test_bad_input_is_one_line_exit_2(tmp_path):
         assert done.returncode == 2, done.stderr
         assert len(done.stderr.strip().splitlines()) == 1 and word in done.stderr and "Traceback" not in done.stderr
         assert "short" not in done.stderr
+
+
+def test_an_unknown_name_costs_the_same_scrypt_as_a_known_one(tmp_path, monkeypatch):
+    """``check`` hashes the given password for an unknown name too (its answer's time does not tell which names
+    exist), against a constant entry with the accounts' parameters: the same scrypt, and never a match."""
+    import hashlib
+
+    path = tmp_path / "accounts.json"
+    officers.set_password("olivia", "a long enough password", path)
+    calls = []
+    scrypt = hashlib.scrypt
+
+    def counted(password, **parameters):
+        calls.append({key: value for key, value in parameters.items() if key != "salt"})
+        return scrypt(password, **parameters)
+
+    monkeypatch.setattr(hashlib, "scrypt", counted)
+    assert officers.check("olivia", "a long enough password", path) is True
+    assert officers.check("nobody", "a long enough password", path) is False
+    assert officers.check("nobody", "", path) is False
+    assert len(calls) == 3 and calls[1] == calls[2] == calls[0]  # N, r, p and the digest's length alike
