@@ -128,17 +128,33 @@ def missing_values(values: pd.Series, missing_texts: list[str] | None) -> np.nda
 
 
 def k_quasi_texts(values: pd.Series) -> pd.Series:
-    """A k-quasi as text: CSV cells as they are, typed (Parquet) values as data.csv writes them.
+    """A k-quasi as text: CSV cells as they are, typed (Parquet) values as data.csv writes them."""
+    return k_quasi_texts_and_codes(values)[0]
+
+
+def k_quasi_texts_and_codes(values: pd.Series, factorised: tuple | None = None) -> tuple[pd.Series, np.ndarray | None]:
+    """:func:`k_quasi_texts`, and a code per row that is equal exactly when the rows' texts are (a missing
+    value's code its own), from the same factorisation: the histogram numbers its tuples from these codes
+    instead of factorising the texts again (``tuple_histogram``'s ``codes``). None where the column is
+    already text (CSV cells), which is returned as it is. ``factorised``: ``pd.factorize(values)``, where
+    the caller made it already (:func:`needs_texts`).
 
     Converted once per distinct value (a k-quasi repeats its values): the distinct values' texts, then
     one take.
     """
-    if arrow_type(values.dtype) is None and isinstance(values.dtype, pd.StringDtype):
-        return values
-    codes, distinct = pd.factorize(values, use_na_sentinel=True)
+    if not needs_texts(values):
+        return values, None
+    codes, distinct = pd.factorize(values, use_na_sentinel=True) if factorised is None else factorised
     texts = pd.array(cell_texts(pd.Series(distinct, dtype=values.dtype)), dtype=str)
     texts = pd.array([*texts, None], dtype=str)  # code -1 (a missing value) takes the last: missing
-    return pd.Series(texts.take(codes), index=values.index, name=values.name)
+    # Two distinct values may be written alike: the codes follow the texts, not the values.
+    text_codes, _ = pd.factorize(texts, use_na_sentinel=False)
+    return pd.Series(texts.take(codes), index=values.index, name=values.name), text_codes[codes]
+
+
+def needs_texts(values: pd.Series) -> bool:
+    """Whether :func:`k_quasi_texts` converts the column (it factorises it then): all but CSV cells."""
+    return not (arrow_type(values.dtype) is None and isinstance(values.dtype, pd.StringDtype))
 
 
 def e_quasi_numbers(values: pd.Series, column: str) -> pd.Series:
@@ -257,14 +273,16 @@ class IdentifierEvidence:
         return reasons
 
 
-def identifier_evidence(values: pd.Series, exact: bool = True) -> IdentifierEvidence:
+def identifier_evidence(values: pd.Series, exact: bool = True, factorised: tuple | None = None) -> IdentifierEvidence:
     """The column's :class:`IdentifierEvidence`: its distinct count when ``exact`` (a whole table), else
-    the hashes of its distinct values (a partition). Text columns are matched against the patterns."""
+    the hashes of its distinct values (a partition). Text columns are matched against the patterns.
+    ``factorised``: ``pd.factorize(values)``, where the caller made it already (a k-quasi's conversion
+    to text uses the same): a text column's records per value are then counted from its codes."""
     present = values.dropna()
     text = isinstance(present.dtype, pd.StringDtype) or _is_arrow_text(present.dtype)
     # Typed text is counted per distinct value first (in Arrow), then each distinct value that may match is
     # stripped and matched once: the records per stripped value are the same as stripping every record first.
-    distinct = present.value_counts(sort=False) if text else None
+    distinct = _records_per_value(present, factorised) if text else None
     if distinct is not None:
         matched = _matched_records(pd.Series(distinct.index.array), distinct.to_numpy())
     else:
@@ -278,6 +296,15 @@ def identifier_evidence(values: pd.Series, exact: bool = True) -> IdentifierEvid
     hashed = pd.Series(distinct.index.array) if distinct is not None else present
     hashes = np.unique(pd.util.hash_pandas_object(hashed, index=False).to_numpy(dtype=np.uint64))
     return IdentifierEvidence(len(present), matched, hashes=hashes)
+
+
+def _records_per_value(present: pd.Series, factorised: tuple | None) -> pd.Series:
+    """The records per distinct value of a column's ``present`` (non-missing) values, indexed by the values:
+    counted in Arrow, or from the column's codes where it was factorised already (a missing value is code -1)."""
+    if factorised is None:
+        return present.value_counts(sort=False)
+    codes, distinct = factorised
+    return pd.Series(np.bincount(codes[codes >= 0], minlength=len(distinct)), index=pd.Index(distinct))
 
 
 def _matched_records(texts: pd.Series, records: np.ndarray) -> dict[str, int]:
@@ -413,13 +440,15 @@ class Findings:
         )
 
 
-def classify_findings(frame: pd.DataFrame, spec: ReleaseSpec, exact: bool = True) -> tuple[pd.DataFrame, Findings]:
+def classify_findings(frame: pd.DataFrame, spec: ReleaseSpec, exact: bool = True,
+                      codes: dict[str, np.ndarray] | None = None) -> tuple[pd.DataFrame, Findings]:
     """Apply the spec's roles to ``frame`` (a table or a partition of one) and count what ``classify``
     refuses, without refusing: the frame without its explicit identifiers, its k-quasis as text, its
     ε-quasis as float64 and its missing sensitive cells as nulls — as far as the counts allow (a column
     that will be refused is left as it came) — and the :class:`Findings`. ``exact``: count distinct
-    values exactly (a whole table) or by hash (a partition). The roles must be checked first
-    (``check_roles``)."""
+    values exactly (a whole table) or by hash (a partition). ``codes``: when given, it receives the row
+    codes of each generalised column converted to text (:func:`k_quasi_texts_and_codes`), for the
+    histogram. The roles must be checked first (``check_roles``)."""
     names = spec.roles.names()
     missing_texts = list(spec.source.missing) if _is_csv(spec) else None
     frame = frame.drop(columns=names["explicit"])
@@ -429,14 +458,19 @@ def classify_findings(frame: pd.DataFrame, spec: ReleaseSpec, exact: bool = True
         reason = unpublishable_reason(frame[column].dtype)
         if reason:
             findings.unpublishable[column] = reason
+    # A generalised column converted to text is factorised once, for its identifier evidence and its texts.
+    factorised = {column: pd.factorize(frame[column], use_na_sentinel=True) for column in generalised
+                  if column not in findings.unpublishable and needs_texts(frame[column])}
     for column in names["k_quasi"] + names["e_quasi"] + names["sensitive"]:
         if column not in findings.unpublishable:
-            findings.identifiers[column] = identifier_evidence(frame[column], exact)
+            findings.identifiers[column] = identifier_evidence(frame[column], exact, factorised.get(column))
     for column in generalised:
         absent = missing_values(frame[column], missing_texts)
         findings.k_missing[column] = int(absent.sum())
         if column not in findings.unpublishable:
-            frame[column] = k_quasi_texts(frame[column])
+            frame[column], column_codes = k_quasi_texts_and_codes(frame[column], factorised.pop(column, None))
+            if codes is not None and column_codes is not None:
+                codes[column] = column_codes
     for quasi in noised:
         _count_e_quasi(frame, quasi, missing_texts, findings)
     for column in names["sensitive"]:

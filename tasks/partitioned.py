@@ -128,7 +128,8 @@ def intake(plan: SourcePlan, piece: Piece, spec: ReleaseSpec, scratch: Scratch) 
     from .shards import write_partials
 
     frame, short = read_piece(plan, piece, spec.source)
-    classified, findings = classify_findings(frame, spec, exact=False)
+    codes: dict[str, np.ndarray] = {}  # the k-quasis' row codes, made converting them to text: for the histogram
+    classified, findings = classify_findings(frame, spec, exact=False, codes=codes)
     area = scratch
     for number, evidence in enumerate(findings.identifiers.values()):
         # Distinct values' hashes stay in the scratch; the flow counts their union only when needed.
@@ -138,7 +139,7 @@ def intake(plan: SourcePlan, piece: Piece, spec: ReleaseSpec, scratch: Scratch) 
         evidence.distinct, evidence.hashes = len(hashes), None
     values = None
     if all(pd.api.types.is_float_dtype(classified[q.column].dtype) for q in spec.roles.e_quasi):
-        histogram = histogram_of(classified, spec, extremes=True)
+        histogram = histogram_of(classified, spec, extremes=True, codes=codes)
         histogram.of_record = None
         columns = [q.column for q in spec.roles.k_quasi]
         write_partials(area, histogram, columns, len(plan.pieces), piece.index)

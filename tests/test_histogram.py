@@ -119,6 +119,27 @@ def test_tuples_are_numbered_as_pandas_groups_them_in_order_of_first_appearance(
     })
     columns = list(frame.columns)
     expected = frame.groupby(columns, sort=False, dropna=False, observed=True).ngroup().to_numpy()
-    assert np.array_equal(_tuple_numbers(frame, columns), expected)
-    assert np.array_equal(_tuple_numbers(frame, ["zip"]), frame.groupby(["zip"], sort=False, dropna=False).ngroup().to_numpy())
-    assert len(_tuple_numbers(frame.iloc[:0], columns)) == 0
+    assert np.array_equal(_tuple_numbers(frame, columns, {}), expected)
+    assert np.array_equal(_tuple_numbers(frame, ["zip"], {}), frame.groupby(["zip"], sort=False, dropna=False).ngroup().to_numpy())
+    assert len(_tuple_numbers(frame.iloc[:0], columns, {})) == 0
+    # Codes made earlier name the values otherwise (here: any permutation, a missing value's code its own):
+    # the numbers are the same.
+    given = {}
+    for column in ("zip", "level"):
+        codes, distinct = pd.factorize(frame[column], use_na_sentinel=False)
+        given[column] = rng.permutation(len(distinct) + 5)[codes]
+    assert np.array_equal(_tuple_numbers(frame, columns, given), expected)
+
+
+def test_tuple_numbers_stay_exact_where_the_codes_combined_pass_the_int64_range():
+    """Mixed radix over columns of many distinct codes would pass 2⁶²: the running combination is renumbered
+    first (histogram._COMBINED_SPAN), and the numbers are still pandas' groups."""
+    from kepsilon.engine.histogram import _tuple_numbers
+
+    rng = np.random.default_rng(5)
+    rows = 20_000
+    frame = pd.DataFrame({name: rng.integers(0, 50, rows) for name in "abcdefg"})
+    # Each column's codes span 2³²: in int64, a column's code times 2⁶⁴ would vanish and tuples would collide.
+    given = {name: np.where(frame[name].to_numpy() == 49, 2**32 - 1, frame[name].to_numpy()) for name in "abcdefg"}
+    expected = frame.groupby(list("abcdefg"), sort=False).ngroup().to_numpy()
+    assert np.array_equal(_tuple_numbers(frame, list("abcdefg"), given), expected)

@@ -104,6 +104,13 @@ def test_a_partitions_evidence_counts_stripped_text_per_record_as_the_whole_tabl
     assert exact.distinct_values() == partition.distinct_values() == 6  # distinct as written, unstripped
     as_objects = identifier_evidence(values.astype(object), exact=False)  # the per-record path
     assert as_objects.matched == partition.matched
+    # A k-quasi's factorisation, made once for its evidence and its texts (classify_findings), counts the same.
+    factorised = pd.factorize(values, use_na_sentinel=True)
+    for exactly in (True, False):
+        shared = identifier_evidence(values, exact=exactly, factorised=factorised)
+        alone = identifier_evidence(values, exact=exactly)
+        assert (shared.present, shared.matched, shared.distinct) == (alone.present, alone.matched, alone.distinct)
+        assert shared.hashes is None if exactly else np.array_equal(shared.hashes, alone.hashes)
 
 
 def test_values_that_cannot_match_are_skipped_without_changing_any_count():

@@ -3,6 +3,7 @@
 import hashlib
 import hmac
 
+import numpy as np
 import pandas as pd
 import pytest
 
@@ -113,3 +114,30 @@ def test_k_larger_than_the_table(small):
     frame, spec_dict = small
     with pytest.raises(SpecError, match="'k'.*larger than the table"):
         classify(frame, parse_spec({**spec_dict, "k": 500}))
+
+
+def test_a_typed_k_quasis_codes_are_equal_exactly_where_its_texts_are():
+    """classify converts a typed k-quasi to text and keeps the codes of that factorisation for the histogram
+    (classify.k_quasi_texts_and_codes): two rows share a code exactly when their texts are equal, a missing
+    value included, and the texts are k_quasi_texts'. CSV cells are text already: no codes."""
+    import pyarrow as pa
+
+    from kepsilon.tasks.classify import k_quasi_texts, k_quasi_texts_and_codes
+
+    rng = np.random.default_rng(11)
+    pools = {
+        "integers": pa.array([1930, 1931, None, 2005, -1], type=pa.int64()),
+        "floats": pa.array([0.0, -0.0, 1.5, None, 1e20, 0.1 + 0.2], type=pa.float64()),
+        "text": pa.array(["10001", "10001 ", None, "", "Zoë"], type=pa.string()),
+    }
+    for name, pool in pools.items():
+        values = pd.Series(pd.arrays.ArrowExtensionArray(pool.take(pa.array(rng.integers(0, len(pool), 3_000)))))
+        texts, codes = k_quasi_texts_and_codes(values)
+        assert codes is not None and codes.min() >= 0, name
+        assert texts.equals(k_quasi_texts(values)), name
+        as_keys = texts.astype(object).where(texts.notna(), "<missing>").to_numpy()
+        same_code = codes[:, None] == codes[None, :300]
+        same_text = as_keys[:, None] == as_keys[None, :300]
+        assert np.array_equal(same_code, same_text), name
+    cells = pd.Series(pd.array(["a", None, "b"], dtype=pd.StringDtype("python")))
+    assert k_quasi_texts_and_codes(cells) == (cells, None)

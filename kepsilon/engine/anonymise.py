@@ -8,6 +8,7 @@ release go through :func:`k_anonymise_histogram`: the in-memory path on the hist
 
 from __future__ import annotations
 
+from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
@@ -61,14 +62,16 @@ class AnonymisedTuples:
 
 
 def histogram_of(
-    frame: pd.DataFrame, spec, positions: np.ndarray | None = None, extremes: bool = False
+    frame: pd.DataFrame, spec, positions: np.ndarray | None = None, extremes: bool = False,
+    codes: Mapping[str, np.ndarray] | None = None,
 ) -> TupleHistogram:
     """The histogram the spec's anonymiser needs of ``frame``: its k-quasi tuples, every sensitive
     column's value counts and the declared criteria's pairs; with ``extremes``, the ε-quasis' clamped
-    extremes per tuple too (the frame's ε-quasis must then be numbers, as classify leaves them)."""
+    extremes per tuple too (the frame's ε-quasis must then be numbers, as classify leaves them).
+    ``codes``: k-quasis' row codes already made (``tuple_histogram``)."""
     columns = [q.column for q in spec.roles.k_quasi]
     e_quasis = spec.roles.e_quasi if extremes else []
-    return tuple_histogram(frame, columns, spec.roles.sensitive, e_quasis, positions)
+    return tuple_histogram(frame, columns, spec.roles.sensitive, e_quasis, positions, codes)
 
 
 def k_anonymise_histogram(histogram: TupleHistogram, spec: ReleaseSpec) -> AnonymisedTuples:

@@ -23,7 +23,7 @@ every sensitive column (the criteria's domain and reference distribution) and th
 Every figure in it is computed from private data: it never leaves the release's processes.
 """
 
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 
 import numpy as np
@@ -93,6 +93,7 @@ def tuple_histogram(
     sensitive: Sequence = (),
     e_quasis: Sequence = (),
     positions: np.ndarray | None = None,
+    codes: Mapping[str, np.ndarray] | None = None,
 ) -> TupleHistogram:
     """The histogram of ``frame``'s k-quasi ``columns``.
 
@@ -101,10 +102,12 @@ def tuple_histogram(
     value counts, the ones declaring a criterion their (tuple, value) pairs. ``e_quasis``: the spec's
     ε-quasis (``column``, ``lower``, ``upper``), whose clamped extremes are kept per tuple.
     ``positions``: each row's position in the source (default: the row number); rows must be in
-    increasing position, as every stage keeps them.
+    increasing position, as every stage keeps them. ``codes``: for some of ``columns``, a non-negative code per
+    row, equal exactly when the rows' values are (a missing value's code its own), left by an earlier
+    factorisation of the column; the others are factorised here. The histogram is the same either way.
     """
     positions = np.arange(len(frame), dtype=np.int64) if positions is None else np.asarray(positions, dtype=np.int64)
-    of_record = _tuple_numbers(frame, list(columns))
+    of_record = _tuple_numbers(frame, list(columns), codes or {})
     n_tuples = int(of_record.max()) + 1 if len(of_record) else 0
     first_rows = np.full(n_tuples, len(frame), dtype=np.int64)
     np.minimum.at(first_rows, of_record, np.arange(len(frame), dtype=np.int64))
@@ -132,15 +135,31 @@ def tuple_histogram(
     return histogram
 
 
-def _tuple_numbers(frame: pd.DataFrame, columns: list[str]) -> np.ndarray:
+_COMBINED_SPAN = 2**62  # the mixed-radix numbers of a tuple's codes stay below this (int64, with room)
+
+
+def _tuple_numbers(frame: pd.DataFrame, columns: list[str], given: Mapping[str, np.ndarray]) -> np.ndarray:
     """Each row's tuple of ``columns``, numbered in order of first appearance (which is the order of first
     position), a missing value counted as a value: ``frame.groupby(columns, sort=False, dropna=False,
-    observed=True).ngroup()``, by factorising each column once and the running combination after each (so
-    that the numbers stay below rows × a column's distinct values), without building the groups' index."""
+    observed=True).ngroup()``, without building the groups' index. Each column's codes (``given``, else its
+    factorisation) are combined in mixed radix, and the combination factorised at the end: the numbers of
+    first appearance of whole tuples are the same whatever codes name the values. The running combination is
+    factorised early only where the next column would take it past ``_COMBINED_SPAN``."""
     combined = np.zeros(len(frame), dtype=np.int64)
+    span = 1
     for column in columns:
-        codes, distinct = pd.factorize(frame[column], use_na_sentinel=False)
-        combined, _ = pd.factorize(combined * max(len(distinct), 1) + codes)
+        codes = given.get(column)
+        if codes is None:
+            codes, distinct = pd.factorize(frame[column], use_na_sentinel=False)
+            width = max(len(distinct), 1)
+        else:
+            width = int(codes.max()) + 1 if len(codes) else 1
+        if span * width >= _COMBINED_SPAN:
+            combined, seen = pd.factorize(combined)
+            span = max(len(seen), 1)
+        combined = combined * width + codes
+        span *= width
+    combined, _ = pd.factorize(combined)
     return combined.astype(np.int64, copy=False)
 
 
