@@ -516,7 +516,10 @@ def perturb_and_suppress(
     chosen = candidates[order]  # the published records, range by range
     # Text as codes for the two gathers (here into ranges, at publish into the published order): text_codes.py.
     encoded_frame, encoded = encode_text(merged, coded=tuple(k_quasi))  # the labels are codes already
-    encoded_source, source_encoded = encode_text(kept[source_columns(spec)])  # for the certificate's sketch
+    # For the certificate's sketch; a source k-quasi's values are its hierarchy's leaves, coded already.
+    leaf_categories = {column: (codes, pd.Index(hierarchies[column].leaves, dtype=kept[column].dtype))
+                       for column, codes in leaves.items()}
+    encoded_source, source_encoded = encode_text(kept[source_columns(spec)], known=leaf_categories)
     frame = encoded_frame.iloc[chosen].reset_index(drop=True)
     source = encoded_source.iloc[chosen].reset_index(drop=True)
     arrays = {"positions": positions[chosen], "order": order_keys[chosen], "keys": keys[chosen]}

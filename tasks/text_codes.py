@@ -15,6 +15,8 @@ missing: it has no code (-1) and is given back as its type's missing value.
 """
 from __future__ import annotations
 
+from collections.abc import Mapping
+
 import numpy as np
 import pandas as pd
 import pyarrow as pa
@@ -28,16 +30,23 @@ def is_text(dtype) -> bool:
                                                  or pa.types.is_large_string(dtype.pyarrow_dtype))
 
 
-def encode_text(frame: pd.DataFrame, coded: tuple[str, ...] = ()) -> tuple[pd.DataFrame, tuple[str, ...]]:
+def encode_text(frame: pd.DataFrame, coded: tuple[str, ...] = (),
+                known: Mapping[str, tuple[np.ndarray, pd.Index]] | None = None) -> tuple[pd.DataFrame, tuple[str, ...]]:
     """``frame`` with every column of a string type as a categorical of its values, and the names of the
     columns to give back as text: those, after ``coded`` (columns made as categoricals of text already,
-    as stage C makes the k-quasi labels). Other columns are shared, not copied."""
+    as stage C makes the k-quasi labels). Other columns are shared, not copied. ``known``: for some text
+    columns, codes and categories the caller has already (the column's values are ``categories[codes]``,
+    in the column's type; a source k-quasi's are its hierarchy's leaves): they are not factorised again,
+    and pieces that share the categories are joined without merging them (``concat_encoded``)."""
     encoded = tuple(column for column in frame.columns if column not in coded and is_text(frame[column].dtype))
     if not encoded:
         return frame, tuple(coded) + encoded
     columns = {}
     for column in frame.columns:
-        if column in encoded:
+        if column in encoded and known is not None and column in known:
+            codes, categories = known[column]
+            columns[column] = pd.Categorical.from_codes(codes, dtype=pd.CategoricalDtype(categories))
+        elif column in encoded:
             codes, distinct = pd.factorize(frame[column])  # a missing value has code -1
             columns[column] = pd.Categorical.from_codes(codes, dtype=pd.CategoricalDtype(distinct))
         else:

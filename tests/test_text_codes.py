@@ -83,3 +83,22 @@ def test_arrow_text_is_encoded_and_given_back_in_its_arrow_type():
     same = [encode_text(pieces[1]), encode_text(pieces[1])]  # the same categories: codes joined as they are
     joined, names = concat_encoded([frame for frame, _ in same], [own for _, own in same])
     pdt.assert_frame_equal(decode_text(joined, names), pd.concat([pieces[1]] * 2, ignore_index=True))
+
+
+def test_known_codes_and_categories_are_used_as_they_are_and_join_without_a_merge():
+    """Stage C hands encode_text a source k-quasi's leaf codes and its hierarchy's leaves (``known``): the
+    column is not factorised again, comes back as it was in its type, and pieces sharing the leaves join
+    on their codes alone."""
+    leaves = pd.Index(["10001", "10002", "10003", "99999"], dtype="str")  # more leaves than values present
+    pieces = [p.dropna(subset=["zip"]).reset_index(drop=True) for p in _pieces()[:2]]
+    encodings = []
+    for piece in pieces:
+        codes = leaves.get_indexer(piece["zip"])
+        encoded, names = encode_text(piece, known={"zip": (codes, leaves)})
+        assert names == ("zip",) and encoded["zip"].cat.categories.equals(leaves)
+        assert encoded["zip"].array.codes.tolist() == codes.tolist()
+        pdt.assert_frame_equal(decode_text(encoded, names), piece)
+        encodings.append((encoded, names))
+    joined, names = concat_encoded([frame for frame, _ in encodings], [own for _, own in encodings])
+    assert joined["zip"].cat.categories.equals(leaves)  # the shared categories, not a union made again
+    pdt.assert_frame_equal(decode_text(joined, names), pd.concat(pieces, ignore_index=True))
