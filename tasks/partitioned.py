@@ -119,13 +119,14 @@ class Intake:
 
 
 def intake(plan: SourcePlan, piece: Piece, spec: ReleaseSpec, scratch: Scratch) -> Intake:
-    """Stage A on one piece: read, classify (counting), histogram; classified records and the histogram,
-    split into one partial per bucket of tuple hashes (``tasks/shards.py``), to the scratch.
+    """Stage A on one piece: read, classify (counting), histogram; classified records (with their tuples'
+    hashes) and the histogram, split into one partial per bucket of tuple hashes (``tasks/shards.py``), to
+    the scratch.
 
     The histogram's first positions are the piece's own (from 0): the merge shifts them by the piece's
     offset once every piece's length is known.
     """
-    from .shards import write_partials
+    from .shards import tuple_hashes, write_partials
 
     frame, short = read_piece(plan, piece, spec.source)
     codes: dict[str, np.ndarray] = {}  # the k-quasis' row codes, made converting them to text: for the histogram
@@ -140,11 +141,13 @@ def intake(plan: SourcePlan, piece: Piece, spec: ReleaseSpec, scratch: Scratch) 
     values = None
     if all(pd.api.types.is_float_dtype(classified[q.column].dtype) for q in spec.roles.e_quasi):
         histogram = histogram_of(classified, spec, extremes=True, codes=codes)
-        histogram.of_record = None
+        tuple_of_record, histogram.of_record = histogram.of_record, None
         columns = [q.column for q in spec.roles.k_quasi]
-        write_partials(area, histogram, columns, len(plan.pieces), piece.index)
+        hashes = tuple_hashes(histogram.tuples, columns)  # each distinct tuple hashed once, here only
+        write_partials(area, histogram, columns, len(plan.pieces), piece.index, hashes)
         values = histogram.values
-        area.write(classified, "classified", piece.index)
+        # The records' tuples' hashes go with them: the distribution buckets them by these.
+        area.write((classified, hashes[tuple_of_record]), "classified", piece.index)
         # The officer's certificate: this piece's counts of what the release will change (tasks/certificate_dask.py).
         area.write(source_sketch(classified, spec), SOURCE_SKETCH, piece.index)
     return Intake(piece.index, len(frame), findings, short, values)
@@ -265,11 +268,10 @@ def distribute(index: int, offset: int, scratch: Scratch, columns: list[str], bu
     anonymiser's suppressed records (class -1, OLA) go nowhere. Returns the records kept. One shard's
     tuples are in memory at a time.
     """
-    from .shards import tuple_buckets, tuple_hashes
+    from .shards import tuple_buckets
 
     area = scratch
-    frame = area.read("classified", index)
-    hashes = tuple_hashes(frame, columns)
+    frame, hashes = area.read("classified", index)  # each record's tuple's hash, from its intake
     order, runs = by_target(tuple_buckets(frame, columns, buckets, hashes))
     class_ids = np.full(len(frame), -1, dtype=np.int64)
     for number, rows in runs:

@@ -77,9 +77,11 @@ def write_shard_classes(scratch: Scratch, bucket: int, tuples: pd.DataFrame, cla
     scratch.write((tuple_hashes(tuples, columns), class_of_tuple), SHARD_KEYS, bucket)
 
 
-def write_partials(scratch: Scratch, histogram: TupleHistogram, columns: list[str], buckets: int, piece: int) -> None:
-    """Intake's side: the piece's histogram split by bucket, one partial per bucket, into the scratch."""
-    split = {bucket: part for bucket, _, part in split_tuples(histogram, tuple_buckets(histogram.tuples, columns, buckets))}
+def write_partials(scratch: Scratch, histogram: TupleHistogram, columns: list[str], buckets: int, piece: int,
+                   hashes: np.ndarray | None = None) -> None:
+    """Intake's side: the piece's histogram split by bucket, one partial per bucket, into the scratch.
+    ``hashes``: its tuples' ``tuple_hashes``, where the caller has them."""
+    split = {bucket: part for bucket, _, part in split_tuples(histogram, tuple_buckets(histogram.tuples, columns, buckets, hashes))}
     for number in range(buckets):  # every bucket gets a partial, empty or not (the merge reads them all)
         scratch.write(split[number] if number in split else take_tuples(histogram, np.zeros(0, dtype=np.int64)),
                       "partial", number, piece)

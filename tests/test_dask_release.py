@@ -224,6 +224,21 @@ def test_the_stages_publish_the_in_memory_values_in_its_order(sources, tmp_path,
     assert all(all(checks.values()) for checks in (part.checks for part in written))
 
 
+def test_intake_leaves_each_records_tuple_hash_beside_it_for_the_distribution(sources, tmp_path):
+    """Intake hashes each distinct tuple once and stores every record's tuple's hash with the classified records:
+    the distribution buckets the records by these, as if it had hashed every record itself."""
+    from kepsilon.tasks.shards import tuple_hashes
+
+    spec = make_spec(sources["dataset"], tmp_path)
+    root = Scratch.new(tmp_path / "scratch")
+    plan = plan_source(spec.source, 3)
+    columns = [q.column for q in spec.roles.k_quasi]
+    for piece in plan.pieces:
+        intake(plan, piece, spec, root)
+        frame, hashes = root.read("classified", piece.index)
+        assert len(frame) > 0 and np.array_equal(hashes, tuple_hashes(frame, columns))
+
+
 def test_the_csv_pieces_end_at_record_boundaries_not_at_quoted_line_breaks(sources):
     spec = ReleaseSpec.model_validate(release_spec_dict("paper-synthetic", source=sources["tricky"]))
     plan = plan_source(spec.source, 40)
