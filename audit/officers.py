@@ -125,8 +125,9 @@ def check(name: str, password: str, path: Path | None = None) -> bool:
     return password_matches(password, stored)
 
 
-# What an unknown name is checked against: a well-formed entry with the accounts' parameters, so that checking it
-# costs the same scrypt as a real one. Its digest is all zeros (no password is expected to hash to it), and making it costs nothing (a
-# real hash here cost every process importing this module, every `kepsilon` command among them, 70 ms).
+# What an unknown name is checked against: a well-formed entry with the accounts' parameters, so that checking
+# it costs the same scrypt as a real one. Its digest is all zeros (no password is expected to hash to it), and
+# making it costs nothing (a real hash here cost every process importing this module, every `kepsilon` command
+# among them, 70 ms).
 _DUMMY_HASH = "$".join(("scrypt", str(SCRYPT_N), str(SCRYPT_R), str(SCRYPT_P),
                         base64.b64encode(b"kepsilon-dummy-s").decode(), base64.b64encode(bytes(32)).decode()))

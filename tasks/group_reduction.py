@@ -191,10 +191,10 @@ class GroupGate:
 def gate_groups(scratch: Scratch, bucket: int, parts: int, spec: ReleaseSpec, coder: GroupCoder, criteria: list) -> GroupGate:
     """The bucket's written groups added up (their keys and sizes kept in the scratch for the certificate),
     their disclosure figures, and the gate's group expectations on them by Great Expectations (``validate_groups``)."""
-    written = add_bucket(scratch, WRITTEN, bucket, parts, len(coder.sensitive))
-    scratch.write(GroupSizes(written.keys, written.sizes), WRITTEN_SIZES, bucket)
     from .validate import validate_groups, weight_column_name  # Great Expectations: loaded where it runs
 
+    written = add_bucket(scratch, WRITTEN, bucket, parts, len(coder.sensitive))
+    scratch.write(GroupSizes(written.keys, written.sizes), WRITTEN_SIZES, bucket)
     roles = spec.roles.names()
     weight = weight_column_name([*roles["k_quasi"], *roles["sensitive"]])
     table, per_criterion = gate_tables(written, coder, criteria, weight)
