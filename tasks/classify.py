@@ -289,8 +289,8 @@ def identifier_evidence(values: pd.Series, exact: bool = True, factorised: tuple
         texts = _texts(present)
         counts = texts.value_counts(sort=False) if texts is not None else pd.Series([], dtype=np.int64)
         matched = _matched_records(pd.Series(counts.index.array), counts.to_numpy())
-    if exact:
-        return IdentifierEvidence(len(present), matched, distinct=int(present.nunique()))
+    if exact:  # text has its distinct values counted already
+        return IdentifierEvidence(len(present), matched, distinct=len(distinct) if distinct is not None else int(present.nunique()))
     # Text is equal exactly when it is the same text, so hashing its distinct values (found in Arrow)
     # gives the same set as hashing every record, at a fraction of the work; other types hash every value.
     hashed = pd.Series(distinct.index.array) if distinct is not None else present

@@ -11,6 +11,7 @@ import numpy as np
 import pandas as pd
 
 from kepsilon.engine.hierarchy import ClassRuns
+from kepsilon.engine.histogram import combined_codes
 
 
 def first_occurrences(codes: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
@@ -53,14 +54,10 @@ def column_codes(frame: pd.DataFrame, columns: list[str]) -> dict[str, tuple[np.
 
 def combination_codes(codes: dict[str, tuple[np.ndarray, int]], columns: list[str], rows: int) -> np.ndarray:
     """One int64 code per row (of ``rows``) for its combination of values in ``columns`` (equal combinations
-    get equal codes), from the columns' :func:`column_codes`, renumbered after each column so that the codes
-    stay below rows × distinct values. With :func:`first_occurrences`, the groups of
-    ``frame.groupby(columns, sort=False, dropna=False, observed=True).ngroup()``, without the groups' index."""
-    combined = np.zeros(rows, dtype=np.int64)
-    for column in columns:
-        column_code, distinct = codes[column]
-        combined, _ = pd.factorize(combined * max(distinct, 1) + column_code)
-    return combined.astype(np.int64, copy=False)
+    get equal codes), from the columns' :func:`column_codes` (``kepsilon.engine.histogram.combined_codes``).
+    With :func:`first_occurrences`, the groups of ``frame.groupby(columns, sort=False, dropna=False,
+    observed=True).ngroup()``, without the groups' index."""
+    return combined_codes([codes[column] for column in columns], rows)
 
 
 def by_target(targets: np.ndarray) -> tuple[np.ndarray, list[tuple[int, slice]]]:

@@ -138,29 +138,40 @@ def tuple_histogram(
 _COMBINED_SPAN = 2**62  # the mixed-radix numbers of a tuple's codes stay below this (int64, with room)
 
 
-def _tuple_numbers(frame: pd.DataFrame, columns: list[str], given: Mapping[str, np.ndarray]) -> np.ndarray:
-    """Each row's tuple of ``columns``, numbered in order of first appearance (which is the order of first
-    position), a missing value counted as a value: ``frame.groupby(columns, sort=False, dropna=False,
-    observed=True).ngroup()``, without building the groups' index. Each column's codes (``given``, else its
-    factorisation) are combined in mixed radix, and the combination factorised at the end: the numbers of
-    first appearance of whole tuples are the same whatever codes name the values. The running combination is
-    factorised early only where the next column would take it past ``_COMBINED_SPAN``."""
-    combined = np.zeros(len(frame), dtype=np.int64)
+def combined_codes(columns: Sequence[tuple[np.ndarray, int]], rows: int) -> np.ndarray:
+    """One int64 code per row (of ``rows``) for its combination of the columns' codes, equal exactly where the
+    combinations are. ``columns``: per column, a non-negative code per row and a bound above its codes. The
+    codes are combined in mixed radix; the running combination is renumbered (factorised) only where the next
+    column would take it past ``_COMBINED_SPAN``. The codes are not in order of first appearance:
+    ``pd.factorize`` them for that."""
+    combined = np.zeros(rows, dtype=np.int64)
     span = 1
-    for column in columns:
-        codes = given.get(column)
-        if codes is None:
-            codes, distinct = pd.factorize(frame[column], use_na_sentinel=False)
-            width = max(len(distinct), 1)
-        else:
-            width = int(codes.max()) + 1 if len(codes) else 1
+    for codes, width in columns:
+        width = max(int(width), 1)
         if span * width >= _COMBINED_SPAN:
             combined, seen = pd.factorize(combined)
             span = max(len(seen), 1)
         combined = combined * width + codes
         span *= width
-    combined, _ = pd.factorize(combined)
-    return combined.astype(np.int64, copy=False)
+    return combined
+
+
+def _tuple_numbers(frame: pd.DataFrame, columns: list[str], given: Mapping[str, np.ndarray]) -> np.ndarray:
+    """Each row's tuple of ``columns``, numbered in order of first appearance (which is the order of first
+    position), a missing value counted as a value: ``frame.groupby(columns, sort=False, dropna=False,
+    observed=True).ngroup()``, without building the groups' index: each column's codes (``given``, else its
+    factorisation) combined (:func:`combined_codes`), then factorised once. The numbers of first appearance of
+    whole tuples are the same whatever codes name the values."""
+    coded = []
+    for column in columns:
+        codes = given.get(column)
+        if codes is None:
+            codes, distinct = pd.factorize(frame[column], use_na_sentinel=False)
+            coded.append((codes, len(distinct)))
+        else:
+            coded.append((codes, int(codes.max()) + 1 if len(codes) else 1))
+    numbers, _ = pd.factorize(combined_codes(coded, len(frame)))
+    return numbers.astype(np.int64, copy=False)
 
 
 def merge_histograms(parts: list[TupleHistogram], columns: list[str]) -> TupleHistogram:
