@@ -62,7 +62,7 @@ from kepsilon.engine.anonymise import AnonymisedTuples, histogram_of, k_anonymis
 from kepsilon.engine.assemble import merge_release_columns
 from kepsilon.engine.criteria import MISSING, declared, domain_codes, group_value_counts
 from kepsilon.engine.histogram import TupleHistogram, _add_counts
-from kepsilon.engine.metrics import errors_by_class, expected_relative_errors, linked_records
+from kepsilon.engine.metrics import errors_by_class, linked_records, release_expected_errors
 from kepsilon.engine.partition import label_table, published_label_codes, relabel_after_suppression
 from kepsilon.engine.perturb import source_positions
 from kepsilon.engine.predict import Prediction, predict
@@ -509,8 +509,9 @@ def perturb_and_suppress(
     groups = GroupCounts.count(keys[published], [column[published] for column in codes])
     if not area.exists(PREDICTED_SKETCH, index):  # the certificate's predicted groups (made before ε with a risk gate)
         area.write(predicted_sketch(kept, class_ids, spec, hierarchies, levels, leaves, every), PREDICTED_SKETCH, index)
-    classes = _class_table(kept, perturbed, class_ids, published, keys, spec)
-    errors = _error_sums(kept, perturbed, spec)
+    expected = release_expected_errors(kept, perturbed.scales, spec)  # per record, for both tables below
+    classes = _class_table(kept, perturbed, class_ids, published, keys, spec, expected)
+    errors = _error_sums(kept, perturbed, expected, spec)
     positions = source_positions(kept)
     order_keys = streams.order_keys(positions)
     candidates = np.flatnonzero(published)
@@ -564,7 +565,7 @@ def empty_like(frame: pd.DataFrame) -> pd.DataFrame:
     return pd.DataFrame({column: pd.Series([], dtype=frame[column].dtype) for column in frame.columns})
 
 
-def _class_table(kept, perturbed, class_ids, published, keys, spec) -> pd.DataFrame:
+def _class_table(kept, perturbed, class_ids, published, keys, spec, expected) -> pd.DataFrame:
     """Per class of the partition: its published group's key, published records, records linked per
     ε-quasi (published ones, by nearest original in the class) and its mean predicted and measured error."""
     classes, dense = unique_inverse(class_ids)
@@ -580,27 +581,24 @@ def _class_table(kept, perturbed, class_ids, published, keys, spec) -> pd.DataFr
             class_ids[published],
         )
         table[f"linked:{column}"] = np.bincount(dense[published], weights=linked, minlength=len(classes)).astype(np.int64)
-    predicted, measured = errors_by_class(kept, perturbed.frame, class_ids, perturbed.scales, spec)
+    predicted, measured = errors_by_class(kept, perturbed.frame, class_ids, perturbed.scales, spec, expected)
     table["predicted"], table["measured"] = predicted, measured
     return pd.DataFrame(table)
 
 
-def _error_sums(kept, perturbed, spec) -> dict:
-    """Per ε-quasi: the sums behind the release's mean errors (over perturbed records with a non-zero value)."""
+def _error_sums(kept, perturbed, expected, spec) -> dict:
+    """Per ε-quasi: the sums behind the release's mean errors (over perturbed records with a non-zero value);
+    ``expected``: the records' expected relative errors (``release_expected_errors``)."""
     sums = {}
     for quasi in spec.roles.e_quasi:
         column = quasi.column
         values = kept[column].to_numpy(dtype=np.float64)
         noisy = perturbed.frame[column].to_numpy(dtype=np.float64)
         nonzero = values != 0
-        expected = expected_relative_errors(
-            values, perturbed.scales[column], lower=quasi.lower, upper=quasi.upper,
-            epsilon=spec.epsilon_split()[column], scale_basis=spec.scale_basis,
-        )
         sums[column] = {
             "nonzero": int(nonzero.sum()),
             "zero": int((~nonzero).sum()),
-            "predicted": float(expected[nonzero].sum()),
+            "predicted": float(expected[column][nonzero].sum()),
             "measured": float((np.abs(noisy[nonzero] - values[nonzero]) / np.abs(values[nonzero])).sum()),
         }
     return sums

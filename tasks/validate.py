@@ -60,6 +60,7 @@ import great_expectations as gx  # noqa: E402
 from great_expectations.core.metric_domain_types import MetricDomainTypes  # noqa: E402
 from great_expectations.data_context.types.base import ProgressBarsConfig  # noqa: E402
 from great_expectations.execution_engine import PandasExecutionEngine  # noqa: E402
+from great_expectations.execution_engine import pandas_execution_engine as _pandas_engine  # noqa: E402
 from great_expectations.expectations.expectation import (  # noqa: E402
     BatchExpectation,
     ColumnAggregateExpectation,
@@ -81,6 +82,14 @@ from kepsilon.engine.criteria import (  # noqa: E402
     load_sensitive_hierarchies,  # noqa: E402
 )
 from kepsilon.tasks.errors import SpecError, ValidationFailed  # noqa: E402
+
+# Great Expectations fingerprints every pandas batch under HASH_THRESHOLD bytes before checking it: an MD5 over
+# a hash of every cell, kept as the "pandas_data_fingerprint" batch marker of the validation result. The gate
+# reads each check's pass or fail and nothing else, and a digest of the private records has no place in a
+# result. A 500,000-record part of the fine population is checked in 0.02 s of CPU instead of 0.16-0.22 s
+# (measured here, alternated runs).
+_pandas_engine.HASH_THRESHOLD = 0
+
 
 logger = logging.getLogger(__name__)
 # GE logs at INFO/DEBUG on every run; a release log should carry our outcome, not its chatter.

@@ -242,6 +242,20 @@ def expected_relative_errors(original, scales, *, lower: float, upper: float, ep
         return np.where(original != 0, expected / np.abs(original), np.nan)
 
 
+def release_expected_errors(original: pd.DataFrame, scales: Mapping[str, np.ndarray], spec: ReleaseSpec) -> dict[str, np.ndarray]:
+    """Per ε-quasi of ``spec``, :func:`expected_relative_errors` of every record of ``original`` on the scales
+    its noise is drawn with (``scales``), with the column's public bounds and share of ε."""
+    split = spec.epsilon_split()
+    expected = {}
+    for quasi in spec.roles.e_quasi:
+        lower, upper = quasi.bounds()
+        expected[quasi.column] = expected_relative_errors(
+            original[quasi.column].to_numpy(dtype=np.float64), scales[quasi.column], lower=lower, upper=upper,
+            epsilon=split[quasi.column], scale_basis=spec.scale_basis,
+        )
+    return expected
+
+
 def e_quasi_metrics(
     original,
     noisy,
@@ -355,24 +369,24 @@ def metrics_summary(rows_removed: dict, rows_published: int, per_column: dict, p
     }
 
 
-def errors_by_class(original: pd.DataFrame, noisy: pd.DataFrame, class_ids, scales: Mapping[str, np.ndarray], spec: ReleaseSpec):
+def errors_by_class(original: pd.DataFrame, noisy: pd.DataFrame, class_ids, scales: Mapping[str, np.ndarray], spec: ReleaseSpec,
+                    expected_errors: Mapping[str, np.ndarray] | None = None):
     """Per anonymiser class, the mean predicted and the mean measured relative error of its records.
 
     The same per-record figures as the release's (:func:`expected_relative_errors` on the scales the noise
     was drawn with, and ``|v' − v|/|v|``), averaged inside each class and then over the ε-quasis; records
     with a zero original are left out as in the release's figures. Returns two arrays, one entry per class
     (dense class order); a class with no non-zero value gets NaN. For the private per-group plot.
+    ``expected_errors``: per ε-quasi, :func:`release_expected_errors` where the caller has them already.
     """
     dense_ids, n_classes = dense_class_ids(class_ids, len(original))
+    if expected_errors is None:
+        expected_errors = release_expected_errors(original, scales, spec)
     predicted, measured = [], []
     for quasi in spec.roles.e_quasi:
         values = original[quasi.column].to_numpy(dtype=np.float64)
         changed = noisy[quasi.column].to_numpy(dtype=np.float64)
-        lower, upper = quasi.bounds()
-        expected = expected_relative_errors(
-            values, scales[quasi.column], lower=lower, upper=upper,
-            epsilon=spec.epsilon_split()[quasi.column], scale_basis=spec.scale_basis,
-        )
+        expected = expected_errors[quasi.column]
         nonzero = values != 0
         counts = np.bincount(dense_ids[nonzero], minlength=n_classes)
         with np.errstate(divide="ignore", invalid="ignore"):
