@@ -347,7 +347,11 @@ class GroupCoder:
         """The group key of each row's labels (mixed radix over the label codes)."""
         key = np.zeros(len(labels), dtype=np.int64)
         for column, vocabulary, radix in zip(self.columns, self.vocabularies, self.radices):
-            codes, distinct = pd.factorize(labels[column])  # labels repeat: match each distinct one once
+            values = labels[column]
+            if isinstance(values.dtype, pd.CategoricalDtype):  # stage C's labels: their distinct ones listed already
+                codes, distinct = values.array.codes, values.array.categories
+            else:
+                codes, distinct = pd.factorize(values)  # labels repeat: match each distinct one once
             key = key * radix + vocabulary.get_indexer(pd.Index(distinct, dtype=object))[codes]
         return key
 

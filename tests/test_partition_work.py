@@ -166,3 +166,22 @@ def test_keyed_words_block_by_block_are_the_generators(spread):
     assert randomness._philox_first_words(key, far).tolist() == [
         int(np.random.Philox(key=key, counter=int(p)).random_raw(4)[0]) for p in far]
 
+
+
+def test_a_group_key_is_the_same_from_categorical_labels_as_from_their_text():
+    """Stage C hands GroupCoder.keys its labels as categoricals (their distinct labels listed once, unused ones
+    too): the keys are those of the same labels as text."""
+    from kepsilon.tasks.partitioned import GroupCoder
+
+    vocabularies = (pd.Index(["*", "0****", "00***", "10***"], dtype=object), pd.Index(["F", "M", "*"], dtype=object))
+    coder = GroupCoder(("ZIP", "SEX"), vocabularies, (4, 3), (), (), ())
+    zip_labels = np.array(["00***", "10***", "*", "00***", "0****"], dtype=object)
+    sex_labels = np.array(["M", "*", "F", "M", "F"], dtype=object)
+    text = pd.DataFrame({"ZIP": pd.array(zip_labels, dtype=str), "SEX": pd.array(sex_labels, dtype=str)})
+    categorical = pd.DataFrame({
+        "ZIP": pd.Categorical(zip_labels, categories=["10***", "*", "00***", "0****", "unused"]),
+        "SEX": pd.Categorical(sex_labels, categories=["*", "M", "F"]),
+    })
+    expected = [2 * 3 + 1, 3 * 3 + 2, 0 * 3 + 0, 2 * 3 + 1, 1 * 3 + 0]
+    assert coder.keys(text).tolist() == expected
+    assert coder.keys(categorical).tolist() == expected
