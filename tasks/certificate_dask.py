@@ -63,6 +63,7 @@ from .counting import (
     value_pair_counts,
 )
 from .errors import InputError, SpecError
+from .text_codes import concat_shuffled
 
 Each = Callable[[str, Callable, list[tuple]], list]  # as tasks/shards.py: a task per argument tuple
 
@@ -215,8 +216,8 @@ def predicted_partition(index: int, pieces: int, scratch, spec, hierarchies: dic
     if not loaded:
         sketch = {"labels": pd.DataFrame(), "records": np.zeros(0, dtype=np.int64), "weight_sums": None}
     else:
-        sketch = predicted_sketch(pd.concat([frame for frame, _ in loaded]), np.concatenate([ids for _, ids in loaded]),
-                                  spec, hierarchies, levels)
+        kept, class_ids, _ = concat_shuffled(loaded, set())  # every column as the text it was
+        sketch = predicted_sketch(kept, class_ids, spec, hierarchies, levels)
     scratch.write(sketch, PREDICTED_SKETCH, index)
     return len(sketch["records"])
 

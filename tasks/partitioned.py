@@ -49,6 +49,7 @@ import os
 import uuid
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
+from functools import partial
 from pathlib import Path
 from typing import TypedDict, cast
 
@@ -90,7 +91,7 @@ from .ingest import refuse_short_records
 from .publish import csv_records, parquet_bytes
 from .scratch import Scratch
 from .sources import Piece, SourcePlan, plan_source, read_piece
-from .text_codes import concat_encoded, decode_text, encode_text
+from .text_codes import concat_encoded, concat_shuffled, decode_text, encode_text, known_text_codes, per_distinct, text_dtype
 
 DATASET = "data.parquet"  # the published Parquet dataset: a folder of parts, in the published order
 DATA_CSV = "data.csv"
@@ -146,8 +147,11 @@ def intake(plan: SourcePlan, piece: Piece, spec: ReleaseSpec, scratch: Scratch) 
         hashes = tuple_hashes(histogram.tuples, columns)  # each distinct tuple hashed once, here only
         write_partials(area, histogram, columns, len(plan.pieces), piece.index, hashes)
         values = histogram.values
-        # The records' tuples' hashes go with them: the distribution buckets them by these.
-        area.write((classified, hashes[tuple_of_record]), "classified", piece.index)
+        # The records' tuples' hashes go with them: the distribution buckets them by these. Their text as codes
+        # (text_codes.py): the k-quasis' from the codes their conversion to text made.
+        known = {column: known_text_codes(classified[column], row_codes) for column, row_codes in codes.items()}
+        records, encoded = encode_text(classified, known=known)
+        area.write((records, hashes[tuple_of_record], encoded), "classified", piece.index)
         # The officer's certificate: this piece's counts of what the release will change (tasks/certificate_dask.py).
         area.write(source_sketch(classified, spec), SOURCE_SKETCH, piece.index)
     return Intake(piece.index, len(frame), findings, short, values)
@@ -271,12 +275,12 @@ def distribute(index: int, offset: int, scratch: Scratch, columns: list[str], bu
     from .shards import tuple_buckets
 
     area = scratch
-    frame, hashes = area.read("classified", index)  # each record's tuple's hash, from its intake
+    frame, hashes, encoded = area.read("classified", index)  # each record's tuple's hash; its text as codes
     order, runs = by_target(tuple_buckets(frame, columns, buckets, hashes))
     class_ids = np.full(len(frame), -1, dtype=np.int64)
     for number, rows in runs:
         mine = order[rows]
-        class_ids[mine] = _classes_in_shard(area, number, frame, columns, mine, hashes[mine])
+        class_ids[mine] = _classes_in_shard(area, number, frame, columns, mine, hashes[mine], encoded)
     target_of_class = area.read("targets")
     kept = np.flatnonzero(class_ids >= 0)
     frame.index = frame.index + offset  # the piece's own positions, from 0, become the source's
@@ -284,18 +288,18 @@ def distribute(index: int, offset: int, scratch: Scratch, columns: list[str], bu
     grouped, grouped_ids = frame.iloc[kept[order]], class_ids[kept[order]]
     for target, rows in runs:
         records = grouped.iloc[rows]
-        area.write((records, grouped_ids[rows]), "shuffle", target, index)
+        area.write((records, grouped_ids[rows], encoded), "shuffle", target, index)
         area.write((records[numeric], grouped_ids[rows]), NUMERIC_SHUFFLE, target, index)
     fault_point("worker-distribute")
     return len(kept)
 
 
 def _classes_in_shard(scratch: Scratch, bucket: int, frame: pd.DataFrame, columns: list[str], rows: np.ndarray,
-                      hashes: np.ndarray) -> np.ndarray:
+                      hashes: np.ndarray, encoded: tuple[str, ...] = ()) -> np.ndarray:
     """The class of each record of one bucket (``rows`` of ``frame``, their tuples' ``hashes``): its tuple's,
     from the bucket's shard. Found by the hash when no two tuples of the shard share one and every
     record's hash is there (a record's tuple is in the shard it was counted into: the hash then names it);
-    otherwise by matching the values themselves."""
+    otherwise by matching the values themselves (as text: ``encoded`` names the columns held as codes)."""
     from .shards import SHARD_KEYS
 
     keys, class_of_tuple = scratch.read(SHARD_KEYS, bucket)
@@ -305,8 +309,8 @@ def _classes_in_shard(scratch: Scratch, bucket: int, frame: pd.DataFrame, column
         if (tuple_of_record >= 0).all():
             return class_of_tuple[tuple_of_record]
     tuples, class_of_tuple = scratch.read("shard-classes", bucket)
-    tuple_of_record = pd.MultiIndex.from_frame(tuples[columns]).get_indexer(
-        pd.MultiIndex.from_frame(frame[columns].iloc[rows]))
+    values = decode_text(frame[columns].iloc[rows], tuple(column for column in encoded if column in columns))
+    tuple_of_record = pd.MultiIndex.from_frame(tuples[columns]).get_indexer(pd.MultiIndex.from_frame(values))
     if (tuple_of_record < 0).any():  # every record's tuple is in the shard it was counted into
         raise RuntimeError("a record's k-quasi tuple is missing from the table's histogram")
     return class_of_tuple[tuple_of_record]
@@ -496,20 +500,22 @@ def perturb_and_suppress(
     loaded = area.read_present("shuffle", index, count=pieces)
     if not loaded:
         return ClassPartition(index, 0, {}, {}, GroupCounts.empty(len(coder.sensitive)), pd.DataFrame(), {})
-    kept = pd.concat([frame for frame, _ in loaded])
-    class_ids = np.concatenate([ids for _, ids in loaded])
     roles = spec.roles.names()
+    k_quasi = roles["k_quasi"]
+    # The k-quasis and sensitive columns stay codes (text_codes.py): asked once per distinct value, handed on.
+    kept, class_ids, encoded = concat_shuffled(loaded, {*k_quasi, *roles["sensitive"], *coder.sensitive})
     perturbed, suppression = noise_and_suppress(kept, class_ids, spec, streams)  # the engine's steps 1 and 2
     published = ~suppression.removed  # diversity suppression (step 3) needs every partition: at publish
-    k_quasi = roles["k_quasi"]
     # Each k-quasi matched against its hierarchy's leaves once, for the labels and the predicted groups.
-    leaves = {column: hierarchies[column].leaf_codes(kept[column]) for column in k_quasi if column in hierarchies}
+    leaves = {column: per_distinct(kept[column], encoded, hierarchies[column].leaf_codes)
+              for column in k_quasi if column in hierarchies}
     every = published_label_codes(kept[k_quasi], class_ids, np.ones(len(kept), dtype=bool), hierarchies, levels, leaves)
     numbers = relabel_after_suppression(every, kept[k_quasi], class_ids, published, hierarchies, levels, leaves)
     labels = label_categoricals(numbers, hierarchies, kept.index)
     merged = merge_release_columns(labels, kept, perturbed.frame, roles)
     keys = coder.keys(labels)
-    codes = [coder.value_codes(number, kept[column]) for number, column in enumerate(coder.sensitive)]
+    codes = [per_distinct(kept[column], encoded, partial(coder.value_codes, number))
+             for number, column in enumerate(coder.sensitive)]
     groups = GroupCounts.count(keys[published], [column[published] for column in codes])
     if not area.exists(PREDICTED_SKETCH, index):  # the certificate's predicted groups (made before ε with a risk gate)
         area.write(predicted_sketch(kept, class_ids, spec, hierarchies, levels, leaves, every), PREDICTED_SKETCH, index)
@@ -522,9 +528,11 @@ def perturb_and_suppress(
     order, runs = by_target(order_ranges(order_keys[candidates], parts))
     chosen = candidates[order]  # the published records, range by range
     # Text as codes for the two gathers (here into ranges, at publish into the published order): text_codes.py.
-    encoded_frame, encoded = encode_text(merged, coded=tuple(k_quasi))  # the labels are codes already
+    # The labels are codes already, and the sensitive columns still are.
+    encoded_frame, ordered_encoded = encode_text(
+        merged, coded=tuple(k_quasi) + tuple(column for column in encoded if column in merged.columns and column not in k_quasi))
     # For the certificate's sketch; a source k-quasi's values are its hierarchy's leaves, coded already.
-    leaf_categories = {column: (codes, pd.Index(hierarchies[column].leaves, dtype=kept[column].dtype))
+    leaf_categories = {column: (codes, pd.Index(hierarchies[column].leaves, dtype=text_dtype(kept[column], encoded)))
                        for column, codes in leaves.items()}
     encoded_source, source_encoded = encode_text(kept[source_columns(spec)], known=leaf_categories)
     frame = encoded_frame.iloc[chosen].reset_index(drop=True)
@@ -535,11 +543,11 @@ def perturb_and_suppress(
         area.write(
             {"frame": frame.iloc[rows].reset_index(drop=True), **{name: values[rows] for name, values in arrays.items()},
              "codes": [column[rows] for column in chosen_codes], "source": source.iloc[rows].reset_index(drop=True),
-             "encoded": encoded, "source_encoded": source_encoded},
+             "encoded": ordered_encoded, "source_encoded": source_encoded},
             "ordered", target, index,
         )
     return ClassPartition(index, len(kept), perturbed.report, suppression.report, groups, classes, errors,
-                          empty_like(decode_text(encoded_frame.iloc[:0], encoded)))  # the published types
+                          empty_like(decode_text(encoded_frame.iloc[:0], ordered_encoded)))  # the published types
 
 
 def label_categoricals(codes: dict[str, np.ndarray], hierarchies: dict, index: pd.Index) -> pd.DataFrame:

@@ -8,6 +8,13 @@ published order (D). So stage C turns each text column into a categorical (its d
 an integer code per record) just before its gather, and stage D turns it back into the same text, of the
 same type, once the records are in their published order.
 
+The records' text columns travel as codes from the start, too: intake encodes them before the records go to
+the scratch (the k-quasis from the codes their conversion to text made, :func:`known_text_codes`), the
+distribution gathers codes, and stage C reads its class partition's pieces with :func:`concat_shuffled`. Its
+k-quasis and sensitive columns stay codes there: what it asks of their values (a hierarchy's leaf, a
+criterion's domain code) it asks once per distinct value (:func:`per_distinct`), and they are handed to stage D
+as they are. Its other text columns are given back as text first.
+
 Only text columns are encoded (a pandas string type, or Arrow's ``string``/``large_string`` as a CSV's
 sensitive columns are read), and each piece says which (``encoded``): a column that came from the source
 as a categorical (a Parquet dictionary) stays one and is published as one. A missing value stays
@@ -15,7 +22,7 @@ missing: it has no code (-1) and is given back as its type's missing value.
 """
 from __future__ import annotations
 
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 
 import numpy as np
 import pandas as pd
@@ -34,11 +41,13 @@ def encode_text(frame: pd.DataFrame, coded: tuple[str, ...] = (),
                 known: Mapping[str, tuple[np.ndarray, pd.Index]] | None = None) -> tuple[pd.DataFrame, tuple[str, ...]]:
     """``frame`` with every column of a string type as a categorical of its values, and the names of the
     columns to give back as text: those, after ``coded`` (columns made as categoricals of text already,
-    as stage C makes the k-quasi labels). Other columns are shared, not copied. ``known``: for some text
+    as stage C makes the k-quasi labels). Other columns are shared, not copied. ``known``: for some
     columns, codes and categories the caller has already (the column's values are ``categories[codes]``,
-    in the column's type; a source k-quasi's are its hierarchy's leaves): they are not factorised again,
-    and pieces that share the categories are joined without merging them (``concat_encoded``)."""
-    encoded = tuple(column for column in frame.columns if column not in coded and is_text(frame[column].dtype))
+    in the column's text type; a source k-quasi's are its hierarchy's leaves): they are encoded with these,
+    not factorised again, whatever the frame holds for them, and pieces that share the categories are joined
+    without merging them (``concat_encoded``)."""
+    encoded = tuple(column for column in frame.columns if column not in coded
+                    and (is_text(frame[column].dtype) or (known is not None and column in known)))
     if not encoded:
         return frame, tuple(coded) + encoded
     columns = {}
@@ -98,3 +107,52 @@ def decode_text(frame: pd.DataFrame, encoded: tuple[str, ...]) -> pd.DataFrame:
             values = values.categories.array.take(values.codes, allow_fill=True)
         columns[column] = values
     return pd.DataFrame(columns, index=frame.index)
+
+
+def known_text_codes(texts: pd.Series, row_codes: np.ndarray) -> tuple[np.ndarray, pd.api.extensions.ExtensionArray]:
+    """``encode_text``'s ``known`` for a text column from codes made with it, equal exactly when the rows'
+    texts are, a missing text having a code like the others (``classify.k_quasi_texts_and_codes``): the codes
+    with a missing text's as -1, and each code's text, in the column's type. One text is read per code."""
+    count = int(row_codes.max()) + 1 if len(row_codes) else 0
+    some_row = np.full(count, -1, dtype=np.int64)
+    some_row[row_codes] = np.arange(len(row_codes), dtype=np.int64)  # any row of a code has its text
+    texts_of_codes = texts.array.take(some_row, allow_fill=True)  # a code no row has (-1) reads as missing
+    absent = np.asarray(texts_of_codes.isna(), dtype=bool)
+    renumbered = np.cumsum(~absent, dtype=np.int64) - 1
+    renumbered[absent] = -1
+    return renumbered[row_codes], texts_of_codes[~absent]
+
+
+def concat_shuffled(pieces: list[tuple], keep_encoded: set[str]) -> tuple[pd.DataFrame, np.ndarray, tuple[str, ...]]:
+    """A class partition's pieces from the distribution (``(records, class ids, encoded)`` each) one under
+    another, with their source positions as index: the records, their classes, and the columns still
+    encoded, those of ``keep_encoded`` (the others are given back as text)."""
+    frame, encoded = concat_encoded([records for records, _, _ in pieces], [own for _, _, own in pieces])
+    frame.index = pd.Index(np.concatenate([records.index.to_numpy(dtype=np.int64) for records, _, _ in pieces]))
+    give_back = tuple(column for column in encoded if column not in keep_encoded)
+    if give_back:
+        frame = decode_text(frame, give_back)
+    class_ids = np.concatenate([ids for _, ids, _ in pieces])
+    return frame, class_ids, tuple(column for column in encoded if column in keep_encoded)
+
+
+def text_dtype(values: pd.Series, encoded: tuple[str, ...]):
+    """The type of a column's text: its own, or its categories' where it is encoded."""
+    return values.array.categories.dtype if values.name in encoded else values.dtype
+
+
+def per_distinct(values: pd.Series, encoded: tuple[str, ...], answer: Callable[[pd.Series], np.ndarray]) -> np.ndarray:
+    """``answer(values)`` (one answer per row, each row's its value's alone) for a column that may be encoded:
+    then asked of its distinct values as text, the ones its rows hold (a missing value too, if one is), and
+    read back row by row. The same answers, and the same refusals, as asking the text itself."""
+    if values.name not in encoded:
+        return answer(values)
+    codes = np.asarray(values.array.codes, dtype=np.int64)
+    held = np.flatnonzero(np.bincount(codes[codes >= 0], minlength=len(values.array.categories)))
+    missing = bool((codes < 0).any())
+    chosen = np.append(held, -1) if missing else held
+    distinct = pd.Series(values.array.categories.array.take(chosen, allow_fill=True), name=values.name)
+    position = np.full(len(values.array.categories) + 1, -1, dtype=np.int64)  # a category's row in ``distinct``
+    position[held] = np.arange(len(held))
+    position[-1] = len(held)  # code -1: the missing value, last
+    return np.asarray(answer(distinct))[position[codes]]

@@ -48,6 +48,7 @@ from kepsilon.tasks.partitioned import (
 from kepsilon.tasks.publish import csv_bytes, csv_header, parquet_bytes
 from kepsilon.tasks.shards import anonymise_shards, merge_shard
 from kepsilon.tasks.sources import plan_source
+from kepsilon.tasks.text_codes import decode_text
 
 from .conftest import SYNTHETIC, release_spec_dict
 
@@ -235,7 +236,8 @@ def test_intake_leaves_each_records_tuple_hash_beside_it_for_the_distribution(so
     columns = [q.column for q in spec.roles.k_quasi]
     for piece in plan.pieces:
         intake(plan, piece, spec, root)
-        frame, hashes = root.read("classified", piece.index)
+        records, hashes, encoded = root.read("classified", piece.index)
+        frame = decode_text(records, encoded)
         assert len(frame) > 0 and np.array_equal(hashes, tuple_hashes(frame, columns))
 
 

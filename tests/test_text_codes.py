@@ -102,3 +102,67 @@ def test_known_codes_and_categories_are_used_as_they_are_and_join_without_a_merg
     joined, names = concat_encoded([frame for frame, _ in encodings], [own for _, own in encodings])
     assert joined["zip"].cat.categories.equals(leaves)  # the shared categories, not a union made again
     pdt.assert_frame_equal(decode_text(joined, names), pd.concat(pieces, ignore_index=True))
+
+
+def test_known_text_codes_give_back_the_texts_their_codes_were_made_from():
+    """Intake's k-quasis: codes equal exactly when the texts are, a missing text with a code of its own, and
+    codes no row holds; encoded with known_text_codes, the column comes back as it was, missing values too."""
+    from kepsilon.tasks.text_codes import known_text_codes
+
+    texts = pd.Series(pd.array(["1950", None, "1960", "1950", None, "1970"], dtype="str"), name="yob")
+    row_codes = np.array([3, 0, 5, 3, 0, 1])  # code 0: the missing text; codes 2 and 4: no row
+    codes, categories = known_text_codes(texts, row_codes)
+    assert codes.tolist() == [1, -1, 2, 1, -1, 0]  # renumbered in code order, the missing text's as -1
+    assert list(categories) == ["1970", "1950", "1960"]
+    frame = texts.to_frame()
+    encoded, names = encode_text(frame, known={"yob": (codes, categories)})
+    assert names == ("yob",)
+    pdt.assert_frame_equal(decode_text(encoded, names), frame)
+
+
+def test_a_class_partitions_pieces_keep_their_positions_and_the_chosen_codes():
+    """Stage C reads its pieces (records, classes, encoded) with concat_shuffled: the source positions stay
+    the index, the columns it keeps as codes stay codes, the others come back as text."""
+    from kepsilon.tasks.text_codes import concat_shuffled
+
+    pieces = _pieces()
+    for piece, first in zip(pieces, (40, 7, 100)):
+        piece.index = pd.RangeIndex(first, first + len(piece))
+        piece["note"] = pd.array([f"n{i}" for i in range(len(piece))], dtype="str")
+    shuffled = [(*encode_text(piece), np.arange(len(piece)) + 10 * number) for number, piece in enumerate(pieces)]
+    shuffled = [(frame, ids, names) for frame, names, ids in shuffled]
+    frame, class_ids, encoded = concat_shuffled(shuffled, {"zip"})
+    plain = pd.concat(pieces)
+    assert frame.index.tolist() == plain.index.tolist() == [40, 41, 42, 7, 8, 100, 101]
+    assert class_ids.tolist() == [0, 1, 2, 10, 11, 20, 21]
+    assert encoded == ("zip",) and isinstance(frame["zip"].dtype, pd.CategoricalDtype)
+    assert frame["note"].dtype == plain["note"].dtype
+    pdt.assert_frame_equal(decode_text(frame, encoded), plain)
+
+
+def test_per_distinct_answers_and_refuses_as_the_text_itself_would():
+    """A k-quasi's leaf codes and a sensitive column's domain codes are asked of its distinct values (the ones
+    held, a missing one included) and read back per row: the text's own answers, and the same refusal."""
+    from kepsilon.tasks.text_codes import per_distinct
+
+    values = pd.Series(pd.array(["b", None, "c", "b", "a"], dtype="str"), name="zip")
+    encoded, names = encode_text(values.to_frame())
+    column = encoded["zip"]
+    column = pd.Series(pd.Categorical.from_codes(column.array.codes, dtype=pd.CategoricalDtype(
+        column.array.categories.append(pd.Index(["unheld"], dtype=column.array.categories.dtype)))), name="zip")
+    asked: list[list] = []
+
+    def answer(texts: pd.Series) -> np.ndarray:
+        asked.append(texts.tolist())
+        if (texts == "z").any():
+            raise ValueError("not a leaf")
+        return np.array([{"a": 10, "b": 11, "c": 12}.get(text, -1) if isinstance(text, str) else 99 for text in texts])
+
+    expected = answer(values)
+    assert per_distinct(column, names, answer).tolist() == expected.tolist() == [11, 99, 12, 11, 10]
+    held = asked[-1]  # once each, the one no row holds not asked
+    assert sorted(t for t in held if isinstance(t, str)) == ["a", "b", "c"] and sum(not isinstance(t, str) for t in held) == 1
+    assert per_distinct(values, (), answer).tolist() == expected.tolist()  # a column not encoded: asked as it is
+    stranger = pd.Series(pd.Categorical(["z", "a"]), name="zip")
+    with pytest.raises(ValueError, match="not a leaf"):
+        per_distinct(stranger, ("zip",), answer)
