@@ -13,6 +13,7 @@ from kepsilon.engine.metrics import (
     measured_relative_error,
     predicted_relative_error,
 )
+from kepsilon.engine.suppress import ClassSortedValues
 from kepsilon.tasks.errors import InputError, SpecError
 
 
@@ -26,19 +27,24 @@ def naive_linked(original, noisy, class_ids):
     return linked
 
 
-def random_classes(seed, n_classes=250):
+def random_classes(seed, n_classes=250, decimals=0):
+    """Classes of 1-29 records; heights in whole units (few levels: ClassSortedValues counts its keys) or,
+    with ``decimals=2``, in hundredths (it sorts them)."""
     rng = np.random.default_rng(seed)
     sizes = rng.integers(1, 30, size=n_classes)
     class_ids = np.repeat(rng.choice(10**6, size=n_classes, replace=False), sizes)
     rng.shuffle(class_ids)
-    original = np.round(rng.normal(170, 8, size=len(class_ids)), 0)  # many ties
+    original = np.round(rng.normal(170, 8, size=len(class_ids)), decimals)  # many ties
     noisy = np.round(original + rng.laplace(0, 4, size=len(class_ids)), 1)
     return original, noisy, class_ids
 
 
+@pytest.mark.parametrize("decimals", [0, 2])
 @pytest.mark.parametrize("seed", range(5))
-def test_linking_equals_naive_reference(seed):
-    original, noisy, class_ids = random_classes(seed)
+def test_linking_equals_naive_reference(seed, decimals):
+    original, noisy, class_ids = random_classes(seed, decimals=decimals)
+    dense = np.unique(class_ids, return_inverse=True)[1]
+    assert ClassSortedValues(dense, original).counted == (decimals == 0)
     fast = linked_records(original, noisy, class_ids)
     reference = naive_linked(original, noisy, class_ids)
     assert np.array_equal(fast, reference)

@@ -9,7 +9,6 @@ import pandas as pd
 import pytest
 
 from kepsilon.engine.hierarchy import ClassRuns, Hierarchy, lowest_common_levels
-from kepsilon.engine.sorting import RADIX_SPAN
 from kepsilon.engine.suppress import ClassSortedValues
 from kepsilon.tasks.counting import by_target, first_occurrences, slices_by_target, value_pair_counts
 
@@ -55,19 +54,31 @@ def test_lowest_common_levels_by_runs_are_the_scattered_ones(classes):
     assert np.array_equal(lowest_common_levels(leaf_codes, class_ids, hierarchy, ClassRuns.of(class_ids)), expected)
 
 
-@pytest.mark.parametrize("classes", [50, 70_000])  # few enough to group the rows by class first, or not
-def test_class_sorted_positions_are_the_row_order_searches(classes):
+@pytest.mark.parametrize(("classes", "levels", "counted", "grouped"), [
+    (50, 40, True, False),  # few classes and value levels: the keys are counted
+    (15_000, 40, True, False),  # a class partition's shape: about 13 records a class, 40 levels
+    (5_000, None, False, True),  # continuous values: sorted, the rows grouped by class first
+    (70_000, None, False, False),  # and too many classes for the radix grouping
+])
+def test_class_sorted_positions_are_the_searches_in_sorted_keys(classes, levels, counted, grouped):
     dense = RNG.integers(0, classes, 200_000)
-    values = RNG.integers(0, 40, len(dense)).astype(np.float64)  # many ties
-    bounds = values + RNG.normal(0, 5, len(dense))
+    values = (RNG.integers(0, levels, len(dense)).astype(np.float64) if levels  # many ties
+              else np.round(RNG.normal(170, 10, len(dense)), 2))
     index = ClassSortedValues(dense, values)
-    assert (index._by_class is not None) == (classes < RADIX_SPAN)
-    assert np.array_equal(index.order, np.argsort(dense * index.width + np.searchsorted(index.distinct, values), kind="stable"))
-    for inclusive in (False, True):
-        ranks = np.searchsorted(index.distinct, bounds, side="right" if inclusive else "left")
-        expected = np.searchsorted(index.keys, dense * index.width + ranks, side="left")
-        assert np.array_equal(index.position(dense, bounds, inclusive), expected)
-        assert np.array_equal(index.position(dense.copy(), bounds, inclusive), expected)  # other rows: sorted first
+    assert index.counted == counted and (index._by_class is not None) == grouped
+    distinct, ranks = np.unique(values, return_inverse=True)
+    keys = np.sort(dense * (len(distinct) + 1) + ranks)
+    assert np.array_equal(index.sorted_keys(), keys)
+    order = np.lexsort((values, dense))
+    sorted_values, sorted_classes = index.sorted_values()
+    assert np.array_equal(sorted_values, values[order]) and np.array_equal(sorted_classes, dense[order])
+    others = np.concatenate([dense, [classes, classes + 7]])  # rows of classes the index does not hold
+    for rows in (dense, dense.copy(), others):
+        bounds = np.round(RNG.normal(170, 12, len(rows)), 2) if levels is None else RNG.normal(20, 15, len(rows))
+        for inclusive in (False, True):
+            query_ranks = np.searchsorted(distinct, bounds, side="right" if inclusive else "left")
+            expected = np.searchsorted(keys, rows * (len(distinct) + 1) + query_ranks, side="left")
+            assert np.array_equal(index.position(rows, bounds, inclusive), expected)
 
 
 def _value_counts(values: pd.Series, labels: pd.Series) -> pd.DataFrame:

@@ -6,6 +6,7 @@ import numpy as np
 import pytest
 
 from kepsilon.engine.suppress import (
+    ClassSortedValues,
     confidence_radius,
     confidence_suppress,
     confidence_suppress_columns,
@@ -41,31 +42,36 @@ def naive_suppression(original, noisy, class_ids, scales, k, confidence):
     return record_rule, class_rule & ~record_rule
 
 
-def random_release(seed, n_classes=300):
+def random_release(seed, n_classes=300, decimals=1):
+    """Classes of 1-39 records; values in tenths (sorted by ClassSortedValues) or, with ``decimals=0``, in
+    whole units (few enough levels for its counted keys)."""
     rng = np.random.default_rng(seed)
     sizes = rng.integers(1, 40, size=n_classes)
     class_ids = np.repeat(rng.choice(10**6, size=n_classes, replace=False), sizes)
     rng.shuffle(class_ids)
     # Rounded values make ties between originals and interval ends common.
-    original = np.round(rng.normal(170, 10, size=len(class_ids)), 1)
+    original = np.round(rng.normal(170, 10, size=len(class_ids)), decimals)
     scales = np.round(rng.exponential(3, size=n_classes), 1)[np.unique(class_ids, return_inverse=True)[1]]
-    noisy = np.round(original + rng.laplace(0, 1, len(original)) * scales, 1)
+    noisy = np.round(original + rng.laplace(0, 1, len(original)) * scales, decimals)
     return original, noisy, class_ids, scales
 
 
+@pytest.mark.parametrize("decimals", [1, 0])
 @pytest.mark.parametrize("seed", range(5))
-def test_vectorised_matches_equal_naive_reference(seed):
-    original, noisy, class_ids, scales = random_release(seed)
+def test_vectorised_matches_equal_naive_reference(seed, decimals):
+    original, noisy, class_ids, scales = random_release(seed, decimals=decimals)
     radius = confidence_radius(scales, 0.9)
     dense = np.unique(class_ids, return_inverse=True)[1]
+    assert ClassSortedValues(dense, original).counted == (decimals == 0)
     fast = matches_within_radius(original, noisy, dense, radius)
     assert np.array_equal(fast, naive_matches(original, noisy, class_ids, radius))
     assert fast.max() > 5 and (fast == 0).any()  # the case exercises both ends
 
 
+@pytest.mark.parametrize("decimals", [1, 0])
 @pytest.mark.parametrize("seed", range(5))
-def test_rules_equal_naive_reference(seed):
-    original, noisy, class_ids, scales = random_release(100 + seed)
+def test_rules_equal_naive_reference(seed, decimals):
+    original, noisy, class_ids, scales = random_release(100 + seed, decimals=decimals)
     result = confidence_suppress(original, noisy, class_ids, scales, k=5, confidence=0.8)
     record_rule, class_rule = naive_suppression(original, noisy, class_ids, scales, 5, 0.8)
     assert np.array_equal(result.record_rule, record_rule)

@@ -95,8 +95,7 @@ def linked_records(original, noisy, class_ids) -> np.ndarray:
     if not len(original):
         return np.zeros(0, dtype=bool)
     index = ClassSortedValues(dense_ids, original)
-    sorted_values = original[index.order]
-    sorted_classes = dense_ids[index.order]
+    sorted_values, sorted_classes = index.sorted_values()
     successor = index.position(dense_ids, noisy, inclusive=False)
     predecessor = successor - 1
     n = len(original)

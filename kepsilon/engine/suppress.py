@@ -24,9 +24,9 @@ bounds mode publishes about the ε-quasis is the perturbation's output alone, so
 The functions :func:`confidence_suppress` and :func:`confidence_suppress_columns` implement the rules
 whatever the basis; it is the caller's choice to apply them.
 
-``ℓ_i`` is computed for all records at once with one sort of the originals by (class, value) and
-``searchsorted`` calls for the interval ends (see :class:`ClassSortedValues`): O(n log n), nothing
-quadratic per class.
+``ℓ_i`` is computed for all records at once from one index of the originals by (class, value) and
+a lookup or ``searchsorted`` call per interval end (see :class:`ClassSortedValues`): O(n log n) at most,
+nothing quadratic per class.
 """
 
 from __future__ import annotations
@@ -84,44 +84,86 @@ def confidence_radius(scales: np.ndarray, confidence: float) -> np.ndarray:
     return -scales * np.log1p(-confidence)
 
 
+COUNTED_KEYS_PER_ROW = 4  # key spans up to this many keys a row are counted, not sorted (ClassSortedValues)
+
+
 class ClassSortedValues:
     """Values sorted by (class, value), for exact per-class searches over all rows at once.
 
     Each value gets the integer key ``class·W + rank`` with ``rank`` its position among the distinct
     values (``W`` = their number + 1), so sorting keys sorts by class then value, and equal floats
     share a key. A query ``x`` of class ``c`` becomes ``c·W + searchsorted(distinct, x)``, which
-    compares with the keys of class ``c`` exactly as ``x`` compares with the floats: one
-    ``searchsorted`` in the keys answers the question for every row, whatever its class.
+    compares with the keys of class ``c`` exactly as ``x`` compares with the floats: the number of
+    keys below the query answers the question for every row, whatever its class.
+
+    Where the keys span few values for the rows (at most ``COUNTED_KEYS_PER_ROW`` a row: values with
+    few distinct levels, such as heights or ages in whole units, in classes of tens of records), the
+    keys are counted instead of sorted: a table of how many keys lie below each possible key (a prefix
+    sum of their counts) answers a query by one lookup, where a search in the sorted keys costs a
+    binary search (on a class partition of 500k records: 1 ms against 36 ms a call, and 13 ms to count
+    against about 25 to sort). Otherwise they are sorted and searched. Both give the same positions.
     """
 
     def __init__(self, dense_ids: np.ndarray, values: np.ndarray):
         self.distinct, ranks = unique_inverse(values)
         self.width = np.int64(len(self.distinct) + 1)
         keys = dense_ids * self.width + ranks
+        self._rows = dense_ids
+        self._by_class: np.ndarray | None = None
+        self._below: np.ndarray | None = None
+        self._keys: np.ndarray | None = None
+        span = (int(dense_ids.max()) + 1) * int(self.width) if len(keys) else 0
+        if len(keys) and span <= COUNTED_KEYS_PER_ROW * len(keys):
+            # below[q]: the keys smaller than q, for every q up to the span (int32 halves the table's memory)
+            self._below = np.empty(span + 1, dtype=np.int32 if len(keys) < 2**31 else np.int64)
+            self._below[0] = 0
+            np.cumsum(np.bincount(keys, minlength=span), out=self._below[1:])
+            return
         # Rows grouped by class first where the classes are few enough for a radix sort (a class partition's):
         # the keys then come class by class, which NumPy's merge of runs sorts 2.4-4 times faster than its
         # quicksort sorts them in row order, and the searches below walk them class by class. Same order:
         # the grouping is stable, so equal keys stay in row order.
-        self._rows = dense_ids
         self._by_class = stable_argsort(dense_ids) if radix_sortable(dense_ids) else None
         if self._by_class is None:
-            self.order = stable_argsort(keys)
+            order = stable_argsort(keys)
         else:
-            self.order = self._by_class[stable_argsort(keys[self._by_class])]
-        self.keys = keys[self.order]
+            order = self._by_class[stable_argsort(keys[self._by_class])]
+        self._keys = keys[order]
+
+    @property
+    def counted(self) -> bool:
+        """Whether the keys were counted (a lookup table) rather than sorted."""
+        return self._below is not None
+
+    def sorted_keys(self) -> np.ndarray:
+        """The keys in ascending order (made from the counts on first use where they were counted)."""
+        if self._keys is None:
+            below = self._below if self._below is not None else np.zeros(1, dtype=np.int64)
+            self._keys = np.repeat(np.arange(len(below) - 1, dtype=np.int64), np.diff(below))
+        return self._keys
+
+    def sorted_values(self) -> tuple[np.ndarray, np.ndarray]:
+        """The values in (class, value) order and their classes: ``sorted_keys`` read back (equal floats
+        share a rank, so a value comes back as the distinct value it equals)."""
+        keys = self.sorted_keys()
+        return self.distinct[keys % self.width], keys // self.width
 
     def position(self, dense_ids: np.ndarray, bounds: np.ndarray, inclusive: bool) -> np.ndarray:
         """Per query row: index in the sorted values of the first value of its class that is
         ``≥ bound`` (``> bound`` if ``inclusive``), or the start of the next class if none is."""
         ranks = np.searchsorted(self.distinct, bounds, side="right" if inclusive else "left")
         queries = dense_ids * self.width + ranks
+        if self._below is not None:
+            # A class above the index's last has every key below its queries: the table's last entry.
+            return self._below[np.minimum(queries, len(self._below) - 1)].astype(np.intp)
+        keys = self.sorted_keys()
         # Searched class by class, or in sorted order: successive searches then walk the keys forwards
         # instead of probing them at random (a cache miss per step on a large partition). The answers are
         # the same. The index's own rows are grouped by class already (500k rows: 42 ms against 66 to sort
         # the queries first).
         by_query = self._by_class if dense_ids is self._rows and self._by_class is not None else stable_argsort(queries)
         found = np.empty(len(queries), dtype=np.intp)
-        found[by_query] = np.searchsorted(self.keys, queries[by_query], side="left")
+        found[by_query] = np.searchsorted(keys, queries[by_query], side="left")
         return found
 
 
