@@ -54,27 +54,38 @@ def test_lowest_common_levels_by_runs_are_the_scattered_ones(classes):
     assert np.array_equal(lowest_common_levels(leaf_codes, class_ids, hierarchy, ClassRuns.of(class_ids)), expected)
 
 
-@pytest.mark.parametrize(("classes", "levels", "counted", "grouped"), [
-    (50, 40, True, False),  # few classes and value levels: the keys are counted
-    (15_000, 40, True, False),  # a class partition's shape: about 13 records a class, 40 levels
-    (5_000, None, False, True),  # continuous values: sorted, the rows grouped by class first
-    (70_000, None, False, False),  # and too many classes for the radix grouping
+@pytest.mark.parametrize(("classes", "values", "counted"), [
+    (50, "levels", True),  # few classes and value levels: the keys are counted
+    (15_000, "levels", True),  # a class partition's shape: about 13 records a class, 40 levels
+    (5_000, "hundredths", False),  # values in hundredths: sorted, searched in (class, bucket) cells
+    (70_000, "hundredths", False),  # too many classes to group the rows by a radix sort first
+    (5_000, "outlier", False),  # one far value: nearly every value in one bucket, long searches in the cells
+    (70_000, "equal", True),  # one value, queries on it and around it
+    (5_000, "extremes", False),  # a range wider than the largest float: one bucket
 ])
-def test_class_sorted_positions_are_the_searches_in_sorted_keys(classes, levels, counted, grouped):
+def test_class_sorted_positions_are_the_searches_in_sorted_keys(classes, values, counted):
     dense = RNG.integers(0, classes, 200_000)
-    values = (RNG.integers(0, levels, len(dense)).astype(np.float64) if levels  # many ties
-              else np.round(RNG.normal(170, 10, len(dense)), 2))
-    index = ClassSortedValues(dense, values)
-    assert index.counted == counted and (index._by_class is not None) == grouped
-    distinct, ranks = np.unique(values, return_inverse=True)
+    column = {
+        "levels": lambda: RNG.integers(0, 40, len(dense)).astype(np.float64),  # many ties
+        "hundredths": lambda: np.round(RNG.normal(170, 10, len(dense)), 2),
+        "outlier": lambda: np.append(np.round(RNG.normal(170, 10, len(dense) - 1), 2), 1e9),
+        "equal": lambda: np.full(len(dense), 5_000.0),
+        "extremes": lambda: np.concatenate([np.round(RNG.normal(170, 10, len(dense) - 2), 2), [-1.5e308, 1.5e308]]),
+    }[values]()
+    index = ClassSortedValues(dense, column)
+    assert index.counted == counted
+    distinct, ranks = np.unique(column, return_inverse=True)
     keys = np.sort(dense * (len(distinct) + 1) + ranks)
     assert np.array_equal(index.sorted_keys(), keys)
-    order = np.lexsort((values, dense))
+    order = np.lexsort((column, dense))
     sorted_values, sorted_classes = index.sorted_values()
-    assert np.array_equal(sorted_values, values[order]) and np.array_equal(sorted_classes, dense[order])
+    assert np.array_equal(sorted_values, column[order]) and np.array_equal(sorted_classes, dense[order])
     others = np.concatenate([dense, [classes, classes + 7]])  # rows of classes the index does not hold
     for rows in (dense, dense.copy(), others):
-        bounds = np.round(RNG.normal(170, 12, len(rows)), 2) if levels is None else RNG.normal(20, 15, len(rows))
+        bounds = column[RNG.integers(0, len(column), len(rows))] + np.round(RNG.normal(0, 5, len(rows)), 2)
+        bounds[::50] = column[RNG.integers(0, len(column), len(bounds[::50]))]  # bounds equal to values
+        bounds[1::997] = np.inf
+        bounds[2::997] = -np.inf
         for inclusive in (False, True):
             query_ranks = np.searchsorted(distinct, bounds, side="right" if inclusive else "left")
             expected = np.searchsorted(keys, rows * (len(distinct) + 1) + query_ranks, side="left")
