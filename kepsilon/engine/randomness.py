@@ -120,6 +120,7 @@ _PHILOX_M = (np.uint64(0xD2E7470EE14C6C93), np.uint64(0xCA5A826395121157))
 _PHILOX_W = (0x9E3779B97F4A7C15, 0xBB67AE8584CAA73B)
 _PHILOX_ROUNDS = 10
 _LOW32 = np.uint64(0xFFFFFFFF)
+_MASK64 = 0xFFFFFFFFFFFFFFFF
 _CHUNK = 1 << 14  # positions computed at once: the round's arrays stay in the processor's cache
 _SPARSE = 2  # positions spanning at least this many blocks each are computed block by block
 
@@ -136,17 +137,30 @@ def _philox_first_words(key: int, positions: np.ndarray) -> np.ndarray:
 
 
 def _philox_block_word(key: int, counters: np.ndarray) -> np.ndarray:
-    """The first word of Philox-4×64-10's block at each 64-bit counter (the counter's upper words 0)."""
-    low_key, high_key = key & 0xFFFFFFFFFFFFFFFF, key >> 64
-    zeros = np.zeros_like(counters)
-    c0, c1, c2, c3 = counters, zeros, zeros, zeros
+    """The first word of Philox-4×64-10's block at each 64-bit counter (the counter's upper words 0).
+
+    The upper words being 0, the first two rounds hold words that are the same for every counter: the first
+    round's second product is 0 (so its first word out is the key's low word), and the second round's first
+    product is that word's, computed once in Python's integers. Two of the twenty array products are saved;
+    the words are those of the plain rounds (the test against numpy's Philox).
+    """
+    low_key, high_key = key & _MASK64, key >> 64
+    c3: np.ndarray | np.uint64  # the same for every counter after round 2
     with np.errstate(over="ignore"):  # products modulo 2⁶⁴ are the point
-        for _ in range(_PHILOX_ROUNDS):
+        high0, low0 = _multiply_high_low(counters, _PHILOX_M[0])  # round 1; c1 = c2 = c3 = 0
+        same_c0, c2, c3 = low_key, high0 ^ np.uint64(high_key), low0
+        low_key, high_key = (low_key + _PHILOX_W[0]) & _MASK64, (high_key + _PHILOX_W[1]) & _MASK64
+        product = same_c0 * int(_PHILOX_M[0])  # round 2; c1 = 0
+        high1, low1 = _multiply_high_low(c2, _PHILOX_M[1])
+        c0, c1 = high1 ^ np.uint64(low_key), low1
+        c2, c3 = c3 ^ np.uint64((product >> 64) ^ high_key), np.uint64(product & _MASK64)
+        low_key, high_key = (low_key + _PHILOX_W[0]) & _MASK64, (high_key + _PHILOX_W[1]) & _MASK64
+        for _ in range(_PHILOX_ROUNDS - 2):
             high0, low0 = _multiply_high_low(c0, _PHILOX_M[0])
             high1, low1 = _multiply_high_low(c2, _PHILOX_M[1])
             c0, c1, c2, c3 = high1 ^ c1 ^ np.uint64(low_key), low1, high0 ^ c3 ^ np.uint64(high_key), low0
-            low_key = (low_key + _PHILOX_W[0]) & 0xFFFFFFFFFFFFFFFF
-            high_key = (high_key + _PHILOX_W[1]) & 0xFFFFFFFFFFFFFFFF
+            low_key = (low_key + _PHILOX_W[0]) & _MASK64
+            high_key = (high_key + _PHILOX_W[1]) & _MASK64
     return c0
 
 
