@@ -188,6 +188,40 @@ def test_csv_quoting_keeps_carriage_returns_and_empty_single_cells():
     assert [row["S"] for row in read_published_csv(content)] == ["a\rb", "", 'q"q', " x ", "a,b"]
 
 
+def test_csv_records_are_each_cells_text_quoted_as_an_independent_writer_quotes_it():
+    """``csv_records`` quotes and joins in Arrow, and takes a float's digits from Arrow's cast where that cast
+    writes NumPy's text: every cell equals Python's own text of it (``repr`` of a float, the string itself),
+    quoted by ``csv_text``, over floats whose text is integral, exponent-formed, at the edges of the positional
+    range or not finite, text with every special character, categories, and missing values."""
+    from kepsilon.tasks.publish import csv_records
+
+    rng = np.random.default_rng(7)
+    rows = 4000
+    floats = np.concatenate([
+        rng.normal(170, 10, 1000),  # positional, as heights are
+        np.exp(rng.uniform(-25, 60, 1000)) * rng.choice([-1, 1], 1000),  # both forms, 17 digits and fewer
+        rng.integers(0, 2**64, 1000, dtype=np.uint64).view(np.float64),  # any bit pattern: NaN, subnormals, huge
+        np.resize([0.0, -0.0, np.inf, -np.inf, 1e-4, 9.9999e-5, 1e16, 9999999999999998.0, 170.0, 5e-324], 1000),
+    ])
+    floats[::37] = np.nan  # missing: an empty cell
+    specials = ["a\rb", "", 'q"q', " x ", "a,b", "é 漢", "two\nlines", "plain", '"', "\r\n"]
+    texts = rng.choice(specials + [None], rows)
+    labels = rng.choice(["[1930, 1935)", "19**", "M"], rows)
+    frame = pd.DataFrame({"F": floats, "S": pd.Series(texts, dtype=str), "C": pd.Categorical(labels),
+                          "I": rng.integers(-(10**12), 10**12, rows)})
+    frame = pd.concat([frame.iloc[:1500], frame.iloc[1500:]], ignore_index=True)  # text stored in two chunks
+
+    def text(value) -> str:
+        if value is None or (isinstance(value, float) and np.isnan(value)):
+            return ""
+        return repr(float(value)) if isinstance(value, float) else str(value)
+
+    expected = csv_text([[text(frame[column].iloc[row]) for column in frame.columns] for row in range(rows)], ",")
+    assert csv_records(frame).decode("utf-8") == expected
+    assert csv_records(frame[["S"]]).decode("utf-8") == "".join(f"{csv_text([[text(v)]], ',')[:-1] or chr(34) * 2}\n"
+                                                              for v in frame["S"])
+
+
 TYPED = {
     "i": pa.array([7, None, 2**53 + 1, 0], pa.int64()),
     "f": pa.array([0.1, float("nan"), None, -2.5], pa.float64()),
