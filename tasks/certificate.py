@@ -27,6 +27,7 @@ from kepsilon.engine.assemble import merge_release_columns
 from kepsilon.engine.partition import published_labels
 from kepsilon.engine.perturb import public_grid
 from kepsilon.record import ReleaseRecord
+from kepsilon.tasks.counting import value_pair_counts
 from kepsilon.tasks.errors import InputError, SpecError
 
 
@@ -343,14 +344,11 @@ def utility_report(spec, roles, partition, source_in: pd.DataFrame, source: pd.D
     bounds = {q.column: q.upper - q.lower for q in spec.roles.e_quasi}
     for column in released.columns:
         if column in roles["k_quasi"]:
-            hierarchy = partition.hierarchies[column]
-            columns[column] = {
-                "kind": "generalised",
-                "granularity": utility.granularity(source[column], labels[column], hierarchy),
-                "non_uniform_entropy_bits": utility.non_uniform_entropy(source[column], labels[column]),
-                "released_as_read": float((source[column].astype(str).to_numpy() == labels[column].astype(str).to_numpy()).mean())
-                if len(source) else None,
-            }
+            # From the (value, label) pairs' counts, as a Dask release adds them up: the record-level
+            # figures (utility.granularity, non_uniform_entropy) matched text per record and level.
+            pairs = value_pair_counts(source[column], labels[column].astype(str))
+            columns[column] = {"kind": "generalised",
+                               **utility.generalisation_from_pairs(pairs, partition.hierarchies[column])}
         elif column in roles["e_quasi"]:
             columns[column] = {"kind": "noised", **utility.numeric_distances(source_in[column], released[column],
                                                                               grids.get(column), bounds.get(column))}
