@@ -105,7 +105,8 @@ def cell_text_array(series: pd.Series) -> pa.Array:
     except (pa.ArrowInvalid, pa.ArrowTypeError):
         inferred = None
     if inferred is not None and (pa.types.is_string(inferred.type) or pa.types.is_large_string(inferred.type)):
-        return inferred.cast(pa.large_string())
+        # Over 2 GiB of text, Arrow infers several chunks of 32-bit offsets: one array once it is large_string.
+        return pa.chunked_array(inferred).cast(pa.large_string()).combine_chunks()
     # A cell that is not text (a number, a date, bytes) is written as str() writes it.
     return pa.array([None if value is None else str(value) for value in values], type=pa.large_string())
 
