@@ -88,7 +88,10 @@ def cell_text_array(series: pd.Series) -> pa.Array:
     stays a dictionary array over the texts of its distinct values, each made once."""
     data_type = arrow_type(series.dtype)
     if data_type is not None:
-        return _arrow_texts(pa.chunked_array(pa.array(series.array)).combine_chunks(), data_type)
+        chunks = pa.chunked_array(pa.array(series.array))
+        if pa.types.is_string(data_type) or pa.types.is_string_view(data_type):  # 64-bit offsets before joining
+            chunks, data_type = chunks.cast(pa.large_string()), pa.large_string()
+        return _arrow_texts(chunks.combine_chunks(), data_type)
     if isinstance(series.dtype, pd.CategoricalDtype):
         categories = cell_text_array(pd.Series(series.cat.categories))
         codes = series.cat.codes.to_numpy()
