@@ -6,7 +6,8 @@ for CSV, a null for Parquet) or numeric (an ε-quasi). This module holds the few
 values into text and back, so that ingest, classify, the hierarchies and publish apply the same ones:
 
 * ``cell_texts``: the text of every cell as ``data.csv`` writes it (``None`` for a missing value). It
-  is also the text a typed k-quasi is matched against its hierarchy's leaves with.
+  is also the text a typed k-quasi is matched against its hierarchy's leaves with. ``cell_text_array``
+  gives the same texts as an Arrow array, which ``data.csv`` is quoted and joined from.
 * ``published_type``: the Arrow type a column is written with in ``data.parquet``, decided by the
   column's dtype alone (never by its values), so the manifest can name it without reading any record.
 * ``parse_numbers``: an ε-quasi's text as numbers, strictly.
