@@ -52,8 +52,9 @@ def private_report_dir(name: str, output_dir: str | Path | None = None) -> Path:
 class Figure:
     """One figure as two PNGs: ``png`` at page size, ``card`` at the width of an artifact card in the Prefect UI.
 
-    Each is drawn when first asked for (``draw(size) -> PNG bytes``), then kept: the CLI, which attaches
-    nothing to a run, never pays for the cards.
+    Each is drawn when first asked for (``draw(size) -> PNG bytes``), then kept: ``kepsilon advise``, which
+    runs no flow and attaches nothing to a run, never pays for the cards; a release's flow run (from the CLI
+    or a deployment) draws both sizes of each of its two figures.
     """
 
     def __init__(self, draw):
