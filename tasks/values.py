@@ -89,10 +89,9 @@ def cell_text_array(series: pd.Series) -> pa.Array:
     stays a dictionary array over the texts of its distinct values, each made once."""
     data_type = arrow_type(series.dtype)
     if data_type is not None:
-        chunks = pa.chunked_array(pa.array(series.array))
-        if pa.types.is_string(data_type) or pa.types.is_string_view(data_type):  # 64-bit offsets before joining
-            chunks, data_type = chunks.cast(pa.large_string()), pa.large_string()
-        return _arrow_texts(chunks.combine_chunks(), data_type)
+        if pa.types.is_string(data_type) or pa.types.is_string_view(data_type):
+            return _one_text_array(pa.array(series.array))
+        return _arrow_texts(pa.chunked_array(pa.array(series.array)).combine_chunks(), data_type)
     if isinstance(series.dtype, pd.CategoricalDtype):
         categories = cell_text_array(pd.Series(series.cat.categories))
         codes = series.cat.codes.to_numpy()
@@ -102,17 +101,22 @@ def cell_text_array(series: pd.Series) -> pa.Array:
     if series.dtype.kind in "iub":
         return _number_texts(series.to_numpy(), None)
     if isinstance(series.dtype, pd.StringDtype):  # a concatenated column's Arrow storage has several chunks
-        return pa.chunked_array(pa.array(series.array)).combine_chunks().cast(pa.large_string())
+        return _one_text_array(pa.array(series.array))
     values = series.to_numpy(dtype=object, na_value=None)
     try:  # text as it is, converted in Arrow
         inferred = pa.array(values)
     except (pa.ArrowInvalid, pa.ArrowTypeError):
         inferred = None
     if inferred is not None and (pa.types.is_string(inferred.type) or pa.types.is_large_string(inferred.type)):
-        # Over 2 GiB of text, Arrow infers several chunks of 32-bit offsets: one array once it is large_string.
-        return pa.chunked_array(inferred).cast(pa.large_string()).combine_chunks()
+        return _one_text_array(inferred)
     # A cell that is not text (a number, a date, bytes) is written as str() writes it.
     return pa.array([None if value is None else str(value) for value in values], type=pa.large_string())
+
+
+def _one_text_array(texts: pa.Array | pa.ChunkedArray) -> pa.Array:
+    """Text in one ``large_string`` array: cast before the chunks are joined, since a column over 2 GiB of
+    text (Arrow infers or reads it in chunks of 32-bit offsets) cannot be joined under 32-bit offsets."""
+    return pa.chunked_array(texts).cast(pa.large_string()).combine_chunks()
 
 
 def _number_texts(numbers: np.ndarray, missing: np.ndarray | None) -> pa.Array:
