@@ -269,14 +269,7 @@ def _dp_utility(spec, dp_plan, frame: pd.DataFrame, source: pd.DataFrame, releas
     generalised = set(dp_plan.columns) | {c for c, level in dp_plan.sensitive_levels.items() if level > 0}
     for column in release.columns:
         if column in generalised:
-            hierarchy = dp_plan.hierarchies[column]
-            columns[column] = {
-                "kind": "generalised",
-                "granularity": utility.granularity(source[column], release[column], hierarchy),
-                "non_uniform_entropy_bits": utility.non_uniform_entropy(source[column], release[column]),
-                "released_as_read": float((source[column].astype(str).to_numpy() == release[column].astype(str).to_numpy()).mean())
-                if len(source) else None,
-            }
+            columns[column] = _generalised(source[column], release[column], dp_plan.hierarchies[column])
         else:
             columns[column] = {"kind": "as read (records removed only)",
                                "total_variation": utility.total_variation(frame[column], release[column])}
@@ -331,6 +324,14 @@ def source_uniqueness_of_size_counts(size_counts: dict[int, int], spec, weight_t
     }
 
 
+def _generalised(values: pd.Series, labels: pd.Series, hierarchy) -> dict:
+    """A generalised column's figures (granularity, non-uniform entropy, share released as read) from the
+    published records' (value, label) pairs' counts, as a Dask release adds them up: the record-level
+    formulas (``utility.granularity``, ``non_uniform_entropy``) matched text per record and level."""
+    pairs = value_pair_counts(values, labels.astype(str))
+    return {"kind": "generalised", **utility.generalisation_from_pairs(pairs, hierarchy)}
+
+
 def utility_report(spec, roles, partition, source_in: pd.DataFrame, source: pd.DataFrame, released: pd.DataFrame,
                    labels: pd.DataFrame, class_ids: np.ndarray, suppressed: int) -> dict:
     """Per released column a distance, the ε-quasis' correlations, generalisation measures, classifier utility.
@@ -344,11 +345,7 @@ def utility_report(spec, roles, partition, source_in: pd.DataFrame, source: pd.D
     bounds = {q.column: q.upper - q.lower for q in spec.roles.e_quasi}
     for column in released.columns:
         if column in roles["k_quasi"]:
-            # From the (value, label) pairs' counts, as a Dask release adds them up: the record-level
-            # figures (utility.granularity, non_uniform_entropy) matched text per record and level.
-            pairs = value_pair_counts(source[column], labels[column].astype(str))
-            columns[column] = {"kind": "generalised",
-                               **utility.generalisation_from_pairs(pairs, partition.hierarchies[column])}
+            columns[column] = _generalised(source[column], labels[column], partition.hierarchies[column])
         elif column in roles["e_quasi"]:
             columns[column] = {"kind": "noised", **utility.numeric_distances(source_in[column], released[column],
                                                                               grids.get(column), bounds.get(column))}
