@@ -9,7 +9,8 @@ Dask's own default would make ``cpu_count / workers`` threads per worker (8 on a
 workers, which then peaked at 2.1–2.4 GB each) and give each worker ``total memory / workers`` as its
 limit, which says nothing about what a partition needs. Here the limit is computed from the partition's
 estimated size, so Dask's thresholds mean something: it spills results at 60 % of the limit, pauses the
-worker at 80 % and restarts it at 95 % (the task is then retried, ``PARTITION_RETRIES``). It is never set
+worker at 80 % and restarts it at 95 % (Dask then runs its task again; a batch that fails is retried,
+``BATCH_RETRIES``). It is never set
 above the machine's share (``total / workers``), nor below ``MINIMUM_LIMIT``; at the default partition
 sizes the floor is what applies, and larger partitions or more threads raise it.
 """

@@ -12,14 +12,14 @@ this module (``DaskEngine``) only orders them and adds up what they return: coun
 class sizes, check outcomes, disclosure figures and the error figure's points or hexagon counts — nothing that
 grows with the groups or classes (docs/performance.md, "the flow's process").
 
-Where things run: every stage's partitions go, one task per worker thread (``_on_cluster``; the histogram's shard
-steps three, ``_on_shards``), to the flow's
-``DaskTaskRunner`` (prefect-dask), on a ``LocalCluster`` of ``execution.workers`` processes, or on the cluster
-whose scheduler is ``execution.scheduler``. The tasks that touch the audit store (verify, already published, approval,
+Where things run: every stage is one Prefect task run in the flow's process (``stage_task``), which sends the
+stage's partitions, in one batch per worker thread (``_on_cluster``; the histogram's shard steps three,
+``_on_shards``), as plain Dask tasks to the cluster of the flow's ``DaskTaskRunner`` (prefect-dask): a
+``LocalCluster`` of ``execution.workers`` processes, or the cluster whose scheduler is ``execution.scheduler``. The tasks that touch the audit store (verify, already published, approval,
 reservation, the seed, the record) and the output-folder check are called directly, so they run in
 the flow's own process, beside the store. The seed never leaves that process: the perturbation tasks
 get a ``RecordStreams`` (keys derived from the seed, which its ``repr`` withholds), and Prefect records
-of a task's inputs only their types, never their values. The scratch folder's key travels the same way
+nothing of a stage's input (one plain object, ``Stage``), not even its type. The scratch folder's key travels the same way
 (``tasks/scratch.py``).
 
 The local cluster is closed to other accounts: TLS with mutual authentication on 127.0.0.1, under a
@@ -33,17 +33,18 @@ the deployments and the UI's run form need nothing else.
 """
 
 import logging
-import os
 import shutil
 import threading
 import time
+import uuid
+from collections import deque
 from contextlib import contextmanager, nullcontext
 from datetime import UTC, datetime
 from pathlib import Path
 
 import numpy as np
-from prefect import flow, get_run_logger
-from prefect.futures import as_completed
+from prefect import flow, get_run_logger, task
+from prefect.cache_policies import NO_CACHE
 from prefect.runtime import flow_run
 
 from kepsilon.audit.witness import with_chain_witness
@@ -58,7 +59,7 @@ from kepsilon.record import ReleaseRecord
 from kepsilon.tasks.certificate_dask import (
     CERTIFICATE_SKETCHES,
     WRITTEN_SIZES,
-    dask_certificate_task,
+    dask_certificate,
     refuse_risk_over_limits_on_partitions,
     shard_sketches,
 )
@@ -86,17 +87,18 @@ from kepsilon.tasks.partitioned import (
     GroupCoder,
     PartitionFailed,
     TableIntake,
-    batch_task,
+    WorkerTraceback,
     combine_intakes,
     combine_perturbation,
-    distinct_count_task,
+    distinct_count,
     distribute,
     intake,
-    join_csv_task,
+    join_csv,
     outcome_metrics,
-    plan_source_task,
     predict_partition,
     remove_partials,
+    run_batch,
+    worth_retrying,
 )
 from kepsilon.tasks.perturb import release_streams
 from kepsilon.tasks.preflight import Verdicts, pre_epsilon_checks
@@ -115,7 +117,7 @@ from kepsilon.tasks.publish import (
 )
 from kepsilon.tasks.scratch import Scratch, ScratchLease, private_root
 from kepsilon.tasks.shards import SHARD_CODES, SHARD_KEYS, ShardedClasses, anonymise_shards, merge_shard
-from kepsilon.tasks.sources import SourcePlan
+from kepsilon.tasks.sources import SourcePlan, plan_source
 
 # Room the scratch folder needs, as a multiple of the table's size in memory: the classified records,
 # then the records by class and by order range (each stage removes its input as it goes).
@@ -138,49 +140,6 @@ CLOSED_HTTP = {"distributed.scheduler.http.routes": [], "distributed.worker.http
 # what a developer reads of them, whatever the partitions. Set for the flow's client, and for the scheduler and
 # workers of its local cluster; an existing cluster's own processes keep their configuration (docs/dask.md).
 DEVELOPER_LOGS = {"distributed.admin.low-level-log-length": 50}
-
-# Every task run on a worker makes two Prefect clients, and each client an SSL context from the CA file Prefect's
-# settings name (certifi's bundle of about 150 certificates by default) whether or not its API speaks TLS: 13 ms each
-# in a plain process, and the largest single item of the workers' Prefect bookkeeping in py-spy's samples of a
-# 10M-row release. An API on plain HTTP at a loopback address never verifies a certificate, and its workers share
-# this machine's files, so for such an API the release names a CA file of one certificate instead (the bundle's
-# first; 0.3 ms), whatever file the settings named (``SSL_CERT_FILE`` sets it too): it is never read for an http://
-# address. Any other API keeps its settings.
-LOOPBACK_HOSTS = {"127.0.0.1", "localhost", "::1"}
-CLIENT_CA_FILE = "kepsilon-unused-client-ca.pem"
-
-
-@contextmanager
-def light_client_tls():
-    """Within: the Prefect clients of a plain-HTTP loopback API load one certificate, not certifi's bundle."""
-    from urllib.parse import urlsplit
-
-    from prefect.settings import PREFECT_API_SSL_CERT_FILE, PREFECT_API_URL, PREFECT_HOME, temporary_settings
-
-    address = urlsplit(PREFECT_API_URL.value() or "")
-    if address.scheme != "http" or address.hostname not in LOOPBACK_HOSTS:
-        yield
-        return
-    with temporary_settings(updates={PREFECT_API_SSL_CERT_FILE: str(_one_certificate(Path(PREFECT_HOME.value())))}):
-        yield
-
-
-def _one_certificate(folder: Path) -> Path:
-    """``folder/CLIENT_CA_FILE``: the first certificate of certifi's bundle (public; readable by the workers)."""
-    import certifi
-
-    path = folder / CLIENT_CA_FILE
-    if path.exists():
-        return path
-    bundle = Path(certifi.where()).read_text(encoding="ascii")
-    end = "-----END CERTIFICATE-----\n"
-    first = bundle[bundle.index("-----BEGIN CERTIFICATE-----"):bundle.index(end) + len(end)]
-    folder.mkdir(parents=True, exist_ok=True)
-    partial = folder / f".{CLIENT_CA_FILE}.{os.getpid()}.partial"
-    partial.write_text(first, encoding="ascii")
-    os.replace(partial, path)
-    return path
-
 
 def dask_task_runner(execution, local_directory: str | None = None, source=None):
     """The flow's ``DaskTaskRunner``: the given scheduler's cluster, else a LocalCluster of ``workers``
@@ -295,8 +254,7 @@ def release_on_dask(spec: ReleaseSpec) -> ReleaseRecord:
     # The cluster's own chatter (workers joining, leaving) is not the release's log.
     logging.getLogger("distributed").setLevel(logging.WARNING)
     runner = dask_task_runner(spec.execution, local_directory, spec.source)
-    with dask.config.set(DEVELOPER_LOGS), dask.config.set(CLOSED_HTTP) if not spec.execution.scheduler else nullcontext(), \
-            light_client_tls():
+    with dask.config.set(DEVELOPER_LOGS), dask.config.set(CLOSED_HTTP) if not spec.execution.scheduler else nullcontext():
         return governed_release_dask.with_options(task_runner=runner)(spec)
 
 
@@ -371,7 +329,8 @@ class DaskEngine:
 
     def read_source(self, spec: ReleaseSpec) -> SourceFacts:
         require_workers(spec.execution)
-        self.plan = plan = plan_source_task.submit(spec.source, spec.execution.partitions).result()
+        (self.plan,) = _on_cluster("plan-source", plan_source, [(spec.source, spec.execution.partitions)])
+        plan = self.plan
         return SourceFacts(sha256=plan.sha256, columns=tuple(plan.names), size_basis=plan.memory_bytes,
                            report=plan.report())
 
@@ -455,40 +414,61 @@ def _load_while_the_workers_run() -> None:
     threading.Thread(target=load, name="kepsilon-load-libraries", daemon=True).start()
 
 
-# What a Prefect task run costs a worker outside the task's own function (its contexts and settings rebuilt, its
-# clients, its states sent to the API: 140 ms of CPU for a task that does nothing, measured on this project's 2-core
-# machine with the release's loopback API; about half of it is validating the flow's whole Settings again) is more
-# than a shard's work (tens of ms) and a tenth of a 500k-record partition's stage, and the flow and the Prefect
-# server pay for every run again. So a stage's partitions go in one task per worker thread, each doing its
-# partitions one after the other (a 10M-row release on 2 workers: 2 tasks per stage instead of 20). Three per thread
-# measured 5-15 % more worker CPU in three pairs of 10M-row runs, and no shorter stages: the partitions are of equal
-# size, so one task per thread finishes as evenly as three. The progress then moves once per batch (docs/dask.md).
+# A Prefect task run costs a worker about 140 ms of CPU outside the task's own function (its contexts and settings
+# rebuilt, its clients, its states sent to the API; about half of it validating the flow's whole Settings again),
+# and a stage of Prefect tasks on the cluster took 0.25-0.4 s of the release's wall time even when its tasks did
+# nothing, against 0.02 s for plain Dask tasks and 0.05 s for one Prefect task in the flow's process that sends
+# them (measured on this project's 2-core machine with the release's loopback API). So a stage is one Prefect task
+# run, in the flow's process and named after the stage (the Prefect UI shows one run per stage), whose partitions go
+# to the cluster as plain Dask tasks, in batches: one per worker thread, each doing its partitions one after the
+# other (``run_batch``). The partitions are of equal size, so one batch per thread finishes as evenly as three,
+# which measured 5-15 % more worker CPU in three pairs of 10M-row runs.
 TASKS_PER_THREAD = 1
 # The histogram's shard steps (merge, Mondrian's cut statistics by depth, routing, sub-trees, numbering) keep three
 # per thread: with one, the flow received half a depth's cut statistics in a single result, and its peak at 30M
 # fine rows rose to 480-483 MB against 410 at 1M (+18 %, over the 15 % the flow's memory may grow).
 SHARD_TASKS_PER_THREAD = 3
+# A batch that failed other than on the input or the spec (``worth_retrying``) runs again, this many times, after
+# this long: a worker's memory, a file system full or unreachable for a moment.
+BATCH_RETRIES = 2
+BATCH_RETRY_DELAY_SECONDS = 1.0
+
+
+class Stage:
+    """One stage's work, as its Prefect task run gets it: ``function(*a)`` for every ``a`` in ``arguments``.
+
+    A plain object on purpose: Prefect walks a task's lists, tuples, dicts and models looking for futures, and
+    records each value it finds as a ``Constant`` of its type; one object is neither walked nor recorded."""
+
+    def __init__(self, name: str, function, arguments: list[tuple], counted: bool, per_thread: int):
+        self.name, self.function, self.arguments = name, function, arguments
+        self.counted, self.per_thread = counted, per_thread
+
+
+@task(name="stage", cache_policy=NO_CACHE, persist_result=False)
+def stage_task(work: Stage) -> list:
+    """Prefect task, in the flow's process: one stage's partitions in batches on the cluster (``_batches``);
+    their results in the order of ``work.arguments``."""
+    batches = min(len(work.arguments), work.per_thread * _cluster_threads())
+    dealt = [list(range(first, len(work.arguments), batches)) for first in range(batches)]
+    results = _each(work, dealt)
+    ordered: list = [None] * len(work.arguments)
+    for numbers, batch in zip(dealt, results):
+        for number, result in zip(numbers, batch):
+            ordered[number] = result
+    return ordered
 
 
 def _on_cluster(name: str, function, arguments: list[tuple], counted: bool = False,
                 per_thread: int = TASKS_PER_THREAD) -> list:
     """Stage ``name``: ``function(*a)`` for every ``a`` (one partition's, shard's or bucket's inputs), in batches
-    dealt in turn (at most ``per_thread`` per worker thread), each batch one Prefect task named after the stage;
-    the results in the order of ``arguments``. ``counted``: whether the stage's partitions are steps of the
-    release's progress (``tasks/shards.py``'s steps are not: how many the tree's depth takes is known only as it
-    grows). A failure raised is the first failing argument's, in their order."""
+    dealt in turn (at most ``per_thread`` per worker thread), each batch one Dask task, the stage one Prefect task
+    run named after it; the results in the order of ``arguments``. ``counted``: whether the stage's partitions are
+    steps of the release's progress (``tasks/shards.py``'s steps are not: how many the tree's depth takes is known
+    only as it grows). A failure raised is the first failing argument's, in their order."""
     if not arguments:
         return []
-    batches = min(len(arguments), per_thread * _cluster_threads())
-    dealt = [list(range(first, len(arguments), batches)) for first in range(batches)]
-    step = batch_task.with_options(name=name)
-    futures = [step.submit(function, [arguments[i] for i in numbers], numbers) for numbers in dealt]
-    results = _each(name, futures, counted, dealt)
-    ordered: list = [None] * len(arguments)
-    for numbers, batch in zip(dealt, results):
-        for number, result in zip(numbers, batch):
-            ordered[number] = result
-    return ordered
+    return stage_task.with_options(name=name)(Stage(name, function, arguments, counted, per_thread))
 
 
 def _on_shards(name: str, function, arguments: list[tuple]) -> list:
@@ -609,32 +589,102 @@ def _on_this_machine(address: str) -> bool:
         return False
 
 
-def _each(name: str, futures: list, counted: bool, dealt: list[list[int]]) -> list:
-    """Wait for a stage's tasks, each doing the partitions ``dealt`` to it, one progress step per partition;
-    the tasks' results in their order.
+def _each(work: Stage, dealt: list[list[int]]) -> list:
+    """Run a stage's batches, each doing the partitions ``dealt`` to it, one progress step per partition;
+    the batches' results in their order.
 
-    A failed task does not stop the others from finishing (their scratch files stay consistent); then
-    the failure of the first failing partition, in partition order, is raised — the error the in-memory path
-    would meet first (a task stops at its first failure, and does its partitions in increasing order).
+    On the flow's Dask cluster each batch is a plain Dask task (``run_batch``); without one (a flow on another
+    task runner: the tests of the batching), the batches run here, one after the other. A batch that failed
+    other than on the input or the spec runs again (``BATCH_RETRIES``; Dask itself re-runs the task of a worker
+    that died). A failed batch does not stop the others from finishing (their scratch files stay consistent);
+    then the failure of the first failing partition, in partition order, is raised — the error the in-memory
+    path would meet first (a batch stops at its first failure, and does its partitions in increasing order).
     """
-    results, failures = [None] * len(futures), {}
-    position = {id(future): number for number, future in enumerate(futures)}
-    with stage(name, sum(map(len, dealt)), counted) as progress, WorkerWatch(name, futures) as watch:
-        for future in as_completed(futures):
-            number = position[id(future)]
-            try:
-                results[number] = future.result()
-            except PartitionFailed as failed:
-                failures[failed.number] = failed.failure
-            except BaseException as failure:  # noqa: B036 - re-raised below, first partition first
-                failures[dealt[number][0]] = failure  # the task's own run failed (a worker lost, cancelled)
+    from distributed import as_completed
+
+    client = _cluster_client()
+    batches = [[work.arguments[i] for i in numbers] for numbers in dealt]
+    results: list = [None] * len(dealt)
+    failures: dict[int, BaseException] = {}
+
+    def start(number: int):
+        if client is None:
+            return _Done(run_batch(work.function, batches[number], dealt[number]))
+        return client.submit(run_batch, work.function, batches[number], dealt[number], pure=False,
+                             key=f"kepsilon-{work.name}-{number}-{uuid.uuid4().hex}")
+
+    running = {number: start(number) for number in range(len(dealt))}
+    tries = dict.fromkeys(running, 0)
+    with stage(work.name, sum(map(len, dealt)), work.counted) as progress, \
+            WorkerWatch(work.name, client, running) as watch:
+        pending = _InTurn(list(running.values())) if client is None else as_completed(list(running.values()), loop=client.loop)
+        number_of = {id(future): number for number, future in running.items()}
+        for future in pending:
+            number = number_of.pop(id(future))
+            outcome = _outcome(future, dealt[number][0])
+            if isinstance(outcome, PartitionFailed) and tries[number] < BATCH_RETRIES and worth_retrying(outcome) \
+                    and not watch.lost:
+                tries[number] += 1
+                time.sleep(BATCH_RETRY_DELAY_SECONDS)
+                running[number] = again = start(number)
+                number_of[id(again)] = number
+                pending.add(again)
+                continue
+            if isinstance(outcome, PartitionFailed):
+                failures[outcome.number] = _raised(outcome)
+            else:
+                results[number] = outcome
             progress.advance(len(dealt[number]))
-            fault_point(f"dask-{name}")
+            fault_point(f"dask-{work.name}")
     if watch.lost:
-        raise ClusterLost(name, WORKERS_WAIT_SECONDS)
+        raise ClusterLost(work.name, WORKERS_WAIT_SECONDS)
     if failures:
         raise failures[min(failures)]
     return results
+
+
+def _outcome(future, first: int) -> list | PartitionFailed:
+    """A batch's results or its ``PartitionFailed``; a batch whose own run failed (its worker lost more often than
+    Dask allows, cancelled) fails as its first partition."""
+    try:
+        return future.result()
+    except Exception as failure:  # noqa: BLE001 - a failure of the batch's run: retried or raised by the caller
+        return PartitionFailed(first, failure)
+    finally:
+        release = getattr(future, "release", None)
+        if release is not None:
+            release()  # the result leaves the worker's memory now, not when the future is collected
+
+
+def _raised(failed: PartitionFailed) -> BaseException:
+    """The partition's own error, with its worker's traceback as its cause (where there is one)."""
+    if failed.where and failed.failure.__cause__ is None:
+        failed.failure.__cause__ = WorkerTraceback(failed.where)
+    return failed.failure
+
+
+class _Done:
+    """A batch run in the flow's own process, as a finished future."""
+
+    def __init__(self, outcome):
+        self.outcome = outcome
+
+    def result(self):
+        return self.outcome
+
+
+class _InTurn:
+    """``as_completed`` for finished futures: in the order given, those added later after them."""
+
+    def __init__(self, futures: list):
+        self.queue = deque(futures)
+
+    def add(self, future) -> None:
+        self.queue.append(future)
+
+    def __iter__(self):
+        while self.queue:
+            yield self.queue.popleft()
 
 
 # How often a waiting stage asks the scheduler whether it still has a worker.
@@ -646,21 +696,20 @@ class WorkerWatch:
 
     A scheduler whose workers have all left holds the stage's tasks for whenever one joins, so the
     release would wait forever, its ε reserved and nothing recorded. After ``WORKERS_WAIT_SECONDS`` with
-    no worker the watch cancels the stage's tasks (the wait then ends) and sets ``lost``; the stage then
-    fails with ``ClusterLost``, recorded like any failure. A local cluster's nanny restarts a worker that
-    died well within that time. Watches only futures of a Dask client (nothing for other runners).
+    no worker the watch cancels the stage's running tasks (``running``: batch number → future, kept up to date
+    by the stage; the wait then ends) and sets ``lost``; the stage then fails with ``ClusterLost``, recorded
+    like any failure. A local cluster's nanny restarts a worker that died well within that time. Watches only
+    with a Dask client (nothing when the batches run in the flow's process).
     """
 
-    def __init__(self, name: str, futures: list):
-        self.name, self.futures, self.lost = name, futures, False
+    def __init__(self, name: str, client, running: dict):
+        self.name, self.client, self.running, self.lost = name, client, running, False
         self._stop = threading.Event()
         self._thread: threading.Thread | None = None
 
     def __enter__(self) -> "WorkerWatch":
-        client = _cluster_client()
-        if client is not None and self.futures and all(hasattr(f, "wrapped_future") for f in self.futures):
-            self._thread = threading.Thread(target=self._watch, args=(client,), name=f"kepsilon-watch-{self.name}",
-                                            daemon=True)
+        if self.client is not None and self.running:
+            self._thread = threading.Thread(target=self._watch, name=f"kepsilon-watch-{self.name}", daemon=True)
             self._thread.start()
         return self
 
@@ -669,11 +718,11 @@ class WorkerWatch:
         if self._thread is not None:
             self._thread.join()
 
-    def _watch(self, client) -> None:
+    def _watch(self) -> None:
         without_workers_since = None
         while not self._stop.wait(WATCH_SECONDS):
             try:
-                workers = len(client.nthreads())
+                workers = len(self.client.nthreads())
             except Exception:  # noqa: BLE001 - the scheduler busy or gone for a moment: asked again next time
                 continue
             if workers:
@@ -682,7 +731,7 @@ class WorkerWatch:
             without_workers_since = without_workers_since or time.monotonic()
             if time.monotonic() - without_workers_since >= WORKERS_WAIT_SECONDS:
                 self.lost = True
-                client.cancel([future.wrapped_future for future in self.futures])
+                self.client.cancel(list(self.running.values()))
                 return
 
 
@@ -690,7 +739,8 @@ def _intake(spec: ReleaseSpec, plan: SourcePlan, scratch: Scratch) -> TableIntak
     """Stage A and its reduction: refusals in the in-memory order, then the whole table's histogram."""
     intakes = _on_cluster("intake", intake, [(plan, piece, spec, scratch) for piece in plan.pieces], counted=True)
     pieces = len(plan.pieces)
-    table = combine_intakes(intakes, spec, lambda number: distinct_count_task.submit(scratch, number, pieces).result())
+    table = combine_intakes(intakes, spec,
+                            lambda number: _on_cluster("count-distinct", distinct_count, [(scratch, number, pieces)])[0])
     scratch.remove("hashes")
     return table
 
@@ -737,7 +787,7 @@ def _spend_check_stage(
     remove_partials(staging / DATASET)  # pieces of attempts killed mid-write
     outputs = {part.name: part.sha256 for part in published}
     if spec.execution.csv:
-        outputs[DATA_CSV] = join_csv_task.submit(str(staging), root, csv_header(meta), pieces).result()
+        (outputs[DATA_CSV],) = _on_cluster("write-csv", join_csv, [(str(staging), root, csv_header(meta), pieces)])
         remove_partials(staging)
         scratch.remove("csv")
 
@@ -752,10 +802,9 @@ def _spend_check_stage(
     # Private: the officer's certificate's figures, by reduction over the partitions (tasks/certificate_dask.py);
     # of the written groups it reads only their keys and sizes, which the gate's buckets left in the scratch.
     shards_failed = shard_sketches(spec, root, pieces, _on_cluster, anonymised.hierarchies)
-    record["certificate"] = dask_certificate_task.submit(
-        spec, root, pieces, pieces, pieces, anonymised.hierarchies, coder,
-        record["rows_in"] - written.records, shards_failed,
-    ).result()
+    (record["certificate"],) = _on_cluster("certificate-figures", dask_certificate, [(
+        spec, root, pieces, pieces, pieces, anonymised.hierarchies, coder, record["rows_in"] - written.records, shards_failed,
+    )])
     for name in (*CERTIFICATE_SKETCHES, WRITTEN_SIZES, "shard", "shard-classes"):
         scratch.remove(name)
     validation = _gate(spec, record, gates, criteria, [part.checks for part in published])

@@ -40,8 +40,6 @@ from typing import Any
 
 import numpy as np
 import pandas as pd
-from prefect import task
-from prefect.cache_policies import NO_CACHE
 
 from kepsilon.engine import risk, utility
 from kepsilon.engine.partition import label_table, published_label_codes
@@ -555,11 +553,10 @@ def read_written_sizes(scratch, buckets: int) -> GroupSizes:
     return GroupSizes.gather([scratch.read(WRITTEN_SIZES, bucket) for bucket in range(buckets)])
 
 
-@task(name="certificate-figures", cache_policy=NO_CACHE, persist_result=False)
-def dask_certificate_task(spec, scratch, source_pieces: int, parts: int, buckets: int, hierarchies: dict, coder,
-                          suppressed: int, shards_failed: str | None = None) -> dict:
-    """Prefect task: the certificate's figures of a Dask release (reads the sketches and the published
-    groups' keys and sizes, ``WRITTEN_SIZES``, from the scratch; never a shard)."""
+def dask_certificate(spec, scratch, source_pieces: int, parts: int, buckets: int, hierarchies: dict, coder,
+                     suppressed: int, shards_failed: str | None = None) -> dict:
+    """On a worker: the certificate's figures of a Dask release (reads the sketches and the published groups'
+    keys and sizes, ``WRITTEN_SIZES``, from the scratch; never a shard)."""
     written = read_written_sizes(scratch, buckets)
     return dask_certificate_figures(spec, scratch, source_pieces, parts, buckets, hierarchies, written, coder,
                                     suppressed, shards_failed)

@@ -1,7 +1,8 @@
 """The partitioned (Dask) release path, stage by stage: what one task does to one partition, and the reductions.
 
-``flows/release_dask.py`` runs these stages as Prefect tasks on the cluster, a few tasks per worker thread,
-each doing its share of the stage's partitions one after the other (``batch_task``):
+``flows/release_dask.py`` runs each of these stages as one Prefect task in the flow's process, which sends
+its partitions to the cluster as plain Dask tasks, a few per worker thread, each doing its share of the
+stage's partitions one after the other (``run_batch``):
 
 A. **intake** (per piece of the source, ``tasks/sources.py``): read the piece, classify it with
    ``classify_findings`` (counts of everything ``classify`` refuses), count its histogram of distinct
@@ -41,23 +42,20 @@ with a key the run holds in memory only, and the flow removes it when the run en
 leftovers are unreadable, and the next release of any id removes them). Task results hold no data value
 either: counts, codes and hashes.
 
-Every partition task can run again (a Prefect retry, or Dask re-running the task of a worker that died):
+Every partition task can run again (the flow's retry, or Dask re-running the task of a worker that died):
 it reads inputs nobody removed yet and replaces its outputs under their final names.
 """
 
 import os
 import uuid
-from collections.abc import Callable, Sequence
+from collections.abc import Sequence
 from dataclasses import dataclass, field
 from functools import partial
 from pathlib import Path
-from typing import TypedDict, cast
+from typing import cast
 
 import numpy as np
 import pandas as pd
-from prefect import Task, task
-from prefect.cache_policies import NO_CACHE
-from prefect.client.schemas.objects import State, TaskRun
 
 from kepsilon.engine.anonymise import AnonymisedTuples, histogram_of, k_anonymise_histogram
 from kepsilon.engine.assemble import merge_release_columns
@@ -90,7 +88,7 @@ from .figure_inputs import ErrorCells, ErrorExtremes, Extent, FigureInputs, Size
 from .ingest import refuse_short_records
 from .publish import csv_records, parquet_bytes
 from .scratch import Scratch
-from .sources import Piece, SourcePlan, plan_source, read_piece
+from .sources import Piece, SourcePlan, read_piece
 from .text_codes import concat_encoded, concat_shuffled, decode_text, encode_text, known_text_codes, per_distinct, text_dtype
 
 DATASET = "data.parquet"  # the published Parquet dataset: a folder of parts, in the published order
@@ -887,69 +885,52 @@ def _partition_task(function):
     return run
 
 
-def _worth_retrying(task: Task[..., object], task_run: TaskRun, state: State[object]) -> bool:
-    """Retry a partition task unless it failed on the input or the spec (the same error again)."""
-    failure = state.data.failure if isinstance(state.data, PartitionFailed) else state.data
+def worth_retrying(failure: BaseException) -> bool:
+    """Whether a partition's failure may pass on another try (a worker lost, a full or unreachable file system for a
+    moment, a worker's memory): every failure but one on the input or the spec, which would only come again."""
+    if isinstance(failure, PartitionFailed):
+        failure = failure.failure
     return not isinstance(failure, KepsilonError)
-
-
-class _Retries(TypedDict):
-    """``@task``'s retry options, typed so that ``**PARTITION_RETRIES`` matches the decorator's signature."""
-
-    retries: int
-    retry_delay_seconds: int
-    retry_condition_fn: Callable[[Task[..., object], TaskRun, State[object]], bool]
-
-
-# A partition's tasks are idempotent (see the module's docstring): a failure that may pass (a worker's
-# memory, a full or unreachable file system for a moment) is retried before the release fails.
-PARTITION_RETRIES: _Retries = {"retries": 2, "retry_delay_seconds": 1, "retry_condition_fn": _worth_retrying}
-
-
-@task(name="plan-source", cache_policy=NO_CACHE, persist_result=False)
-def plan_source_task(source, partitions: int | None) -> SourcePlan:
-    """Prefect task: fingerprint the source and cut it into pieces."""
-    return plan_source(source, partitions)
-
-
-@task(name="count-distinct", cache_policy=NO_CACHE, persist_result=False, **PARTITION_RETRIES)
-def distinct_count_task(scratch: Scratch, column_number: int, pieces: int) -> int:
-    """Prefect task: a column's distinct values over every piece."""
-    return distinct_count(scratch, column_number, pieces)
 
 
 class PartitionFailed(Exception):
     """A batch's partition ``number`` failed with ``failure``: the flow raises ``failure`` itself, that of the
-    first failing partition in partition order (the error the in-memory path would meet first)."""
+    first failing partition in partition order (the error the in-memory path would meet first). ``where``: the
+    traceback it had on its worker, as text (a traceback does not cross a process boundary; the flow makes it
+    the cause of the error it raises, as ``concurrent.futures`` does)."""
 
-    def __init__(self, number: int, failure: BaseException):
-        super().__init__(number, failure)
-        self.number, self.failure = number, failure
+    def __init__(self, number: int, failure: BaseException, where: str = ""):
+        super().__init__(number, failure, where)
+        self.number, self.failure, self.where = number, failure, where
 
     def __str__(self) -> str:
         return f"partition {self.number}: {type(self.failure).__name__}: {self.failure}"
 
 
-@task(name="batch", cache_policy=NO_CACHE, persist_result=False, **PARTITION_RETRIES)
-def batch_task(function, arguments: list[tuple], numbers: list[int]) -> list:
-    """Prefect task: one stage's ``function`` on several partitions (or shards, or buckets), one after the
-    other, each handing back its memory before the next (``_partition_task``): ``[function(*a) for a in
-    arguments]``, their inputs named in the scratch. ``numbers``: the partitions' numbers, in increasing
-    order; the first to fail stops the batch with ``PartitionFailed`` (its number and its error). The flow
-    names each submission after its stage (``with_options(name=...)``)."""
+class WorkerTraceback(Exception):
+    """A partition's traceback on its worker, as text: the ``__cause__`` of the error the flow raises."""
+
+    def __str__(self) -> str:
+        return "\n" + str(self.args[0]) if self.args else ""
+
+
+def run_batch(function, arguments: list[tuple], numbers: list[int]) -> list | PartitionFailed:
+    """On a worker (a plain Dask task): one stage's ``function`` on several partitions (or shards, or buckets), one
+    after the other, each handing back its memory before the next (``_partition_task``): ``[function(*a) for a in
+    arguments]``, their inputs named in the scratch. ``numbers``: the partitions' numbers, in increasing order.
+
+    The first to fail stops the batch, and its failure is handed back as a ``PartitionFailed`` (its number, its
+    error, where it was raised), not raised: Dask logs a task that raises, with a rendering of its arguments, on
+    the worker's console, and the flow decides what a failure means (a retry, or the release's error)."""
+    import traceback
+
     results = []
     for number, each in zip(numbers, arguments, strict=True):
         try:
             results.append(_partition_task(function)(*each))
-        except Exception as failure:
-            raise PartitionFailed(number, failure) from failure
+        except Exception as failure:  # noqa: BLE001 - handed back to the flow, which raises it
+            return PartitionFailed(number, failure, traceback.format_exc())
     return results
-
-
-@task(name="write-csv", cache_policy=NO_CACHE, persist_result=False, **PARTITION_RETRIES)
-def join_csv_task(staging: str, scratch: Scratch, header: bytes, parts: int) -> str:
-    """Prefect task: join the parts' records into data.csv."""
-    return join_csv(staging, scratch, header, parts)
 
 
 # --------------------------------------------------------------------------- the release's figures

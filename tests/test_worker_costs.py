@@ -1,15 +1,9 @@
-"""What a task run costs a Dask worker beside its work (issue 25): the C heap under Dask's nanny, and the SSL
-context each Prefect client makes."""
+"""What a task costs a Dask worker beside its work (issue 25): the C heap under Dask's nanny, and the collections
+after each partition."""
 
 import os
-import ssl
 import subprocess
 import sys
-
-import pytest
-from prefect.settings import PREFECT_API_SSL_CERT_FILE, PREFECT_API_URL, PREFECT_HOME, temporary_settings
-
-from kepsilon.flows.release_dask import light_client_tls
 
 _FAULTS_SCRIPT = """
 import resource, numpy as np
@@ -36,27 +30,6 @@ def test_a_dask_workers_temporaries_come_from_the_heap_once_a_partition_task_sta
     mapped, from_heap = (int(word) for word in printed.split())
     assert mapped >= 200 * 200  # about 256 page faults per temporary
     assert from_heap < 2_000
-
-
-def test_the_clients_of_a_plain_http_loopback_api_load_one_certificate(tmp_path):
-    named = str(tmp_path / "their-ca.pem")  # as SSL_CERT_FILE names one: never read for an http:// address
-    with temporary_settings(updates={PREFECT_API_URL: "http://127.0.0.1:4200/api", PREFECT_HOME: str(tmp_path),
-                                     PREFECT_API_SSL_CERT_FILE: named}):
-        with light_client_tls():
-            ca_file = PREFECT_API_SSL_CERT_FILE.value()
-        assert PREFECT_API_SSL_CERT_FILE.value() == named  # only within
-    context = ssl.create_default_context(cafile=ca_file)
-    assert context.cert_store_stats()["x509_ca"] == 1
-    assert os.path.dirname(ca_file) == str(tmp_path)
-
-
-@pytest.mark.parametrize("address", ["https://127.0.0.1:4200/api", "http://prefect.example.org/api", None])
-def test_any_other_api_keeps_its_certificates(tmp_path, address):
-    named = str(tmp_path / "their-ca.pem")
-    settings = {PREFECT_API_URL: address, PREFECT_HOME: str(tmp_path / "home"), PREFECT_API_SSL_CERT_FILE: named}
-    with temporary_settings(updates=settings), light_client_tls():
-        assert PREFECT_API_SSL_CERT_FILE.value() == named
-    assert not (tmp_path / "home").exists()
 
 
 _RELEASE_SCRIPT = """
