@@ -175,6 +175,8 @@ def release_environment(folder: Path) -> dict[str, str]:
         **os.environ,
         "PREFECT_HOME": str(folder / "prefect"),
         "KEPSILON_AUDIT_DB": str(folder / "audit.db"),
+        # Its head log beside it, removed with the folder (by default it would outlive the store, in the account's state).
+        "KEPSILON_AUDIT_HEAD_LOG": str(folder / "audit.heads"),
         "KEPSILON_SEED_KEY_FILE": str(folder / "seed.key"),
         "KEPSILON_REPORTS_DIR": str(folder / "reports"),
         "KEPSILON_DEFAULT_CAP": "10",
@@ -497,6 +499,7 @@ def run_fine_case(name: str, rows: int, services: Services, source: Path) -> dic
         environment = {
             **os.environ, **services.client_env,
             "KEPSILON_AUDIT_DB": str(folder / "audit.db"),
+            "KEPSILON_AUDIT_HEAD_LOG": str(folder / "audit.heads"),
             "KEPSILON_SEED_KEY_FILE": str(folder / "seed.key"),
             "KEPSILON_REPORTS_DIR": str(folder / "reports"),
             "KEPSILON_DEFAULT_CAP": "10",
