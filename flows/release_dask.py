@@ -329,8 +329,7 @@ class DaskEngine:
 
     def read_source(self, spec: ReleaseSpec) -> SourceFacts:
         require_workers(spec.execution)
-        (self.plan,) = _on_cluster("plan-source", plan_source, [(spec.source, spec.execution.partitions)])
-        plan = self.plan
+        self.plan = plan = _once_on_cluster("plan-source", plan_source, spec.source, spec.execution.partitions)
         return SourceFacts(sha256=plan.sha256, columns=tuple(plan.names), size_basis=plan.memory_bytes,
                            report=plan.report())
 
@@ -437,12 +436,14 @@ BATCH_RETRY_DELAY_SECONDS = 1.0
 class Stage:
     """One stage's work, as its Prefect task run gets it: ``function(*a)`` for every ``a`` in ``arguments``.
 
-    A plain object on purpose: Prefect walks a task's lists, tuples, dicts and models looking for futures, and
-    records each value it finds as a ``Constant`` of its type; one object is neither walked nor recorded."""
+    ``shown``: whether the stage reports its partitions (the log, the bars, the progress artifact when ``counted``);
+    a step done once, not per partition, does not. A plain object on purpose: Prefect walks a task's lists, tuples,
+    dicts and models looking for futures, and records each value it finds as a ``Constant`` of its type; one object
+    is neither walked nor recorded."""
 
-    def __init__(self, name: str, function, arguments: list[tuple], counted: bool, per_thread: int):
+    def __init__(self, name: str, function, arguments: list[tuple], counted: bool, per_thread: int, shown: bool = True):
         self.name, self.function, self.arguments = name, function, arguments
-        self.counted, self.per_thread = counted, per_thread
+        self.counted, self.per_thread, self.shown = counted, per_thread, shown
 
 
 @task(name="stage", cache_policy=NO_CACHE, persist_result=False)
@@ -469,6 +470,14 @@ def _on_cluster(name: str, function, arguments: list[tuple], counted: bool = Fal
     if not arguments:
         return []
     return stage_task.with_options(name=name)(Stage(name, function, arguments, counted, per_thread))
+
+
+def _once_on_cluster(name: str, function, *arguments):
+    """Step ``name``: ``function(*arguments)`` as one task on the cluster (a task run of its own, retried as a
+    stage's batch is), with no progress bar or log line of partitions: it is not done per partition."""
+    work = Stage(name, function, [arguments], counted=False, per_thread=1, shown=False)
+    (result,) = stage_task.with_options(name=name)(work)
+    return result
 
 
 def _on_shards(name: str, function, arguments: list[tuple]) -> list:
@@ -615,8 +624,8 @@ def _each(work: Stage, dealt: list[list[int]]) -> list:
 
     running = {number: start(number) for number in range(len(dealt))}
     tries = dict.fromkeys(running, 0)
-    with stage(work.name, sum(map(len, dealt)), work.counted) as progress, \
-            WorkerWatch(work.name, client, running) as watch:
+    shown = stage(work.name, sum(map(len, dealt)), work.counted) if work.shown else nullcontext(_Unshown())
+    with shown as progress, WorkerWatch(work.name, client, running) as watch:
         pending = _InTurn(list(running.values())) if client is None else as_completed(list(running.values()), loop=client.loop)
         number_of = {id(future): number for number, future in running.items()}
         for future in pending:
@@ -661,6 +670,13 @@ def _raised(failed: PartitionFailed) -> BaseException:
     if failed.where and failed.failure.__cause__ is None:
         failed.failure.__cause__ = WorkerTraceback(failed.where)
     return failed.failure
+
+
+class _Unshown:
+    """The progress of a step that is not done per partition: nothing to show."""
+
+    def advance(self, count: int = 1) -> None:
+        pass
 
 
 class _Done:
@@ -740,7 +756,7 @@ def _intake(spec: ReleaseSpec, plan: SourcePlan, scratch: Scratch) -> TableIntak
     intakes = _on_cluster("intake", intake, [(plan, piece, spec, scratch) for piece in plan.pieces], counted=True)
     pieces = len(plan.pieces)
     table = combine_intakes(intakes, spec,
-                            lambda number: _on_cluster("count-distinct", distinct_count, [(scratch, number, pieces)])[0])
+                            lambda number: _once_on_cluster("count-distinct", distinct_count, scratch, number, pieces))
     scratch.remove("hashes")
     return table
 
@@ -787,7 +803,7 @@ def _spend_check_stage(
     remove_partials(staging / DATASET)  # pieces of attempts killed mid-write
     outputs = {part.name: part.sha256 for part in published}
     if spec.execution.csv:
-        (outputs[DATA_CSV],) = _on_cluster("write-csv", join_csv, [(str(staging), root, csv_header(meta), pieces)])
+        outputs[DATA_CSV] = _once_on_cluster("write-csv", join_csv, str(staging), root, csv_header(meta), pieces)
         remove_partials(staging)
         scratch.remove("csv")
 
@@ -802,9 +818,8 @@ def _spend_check_stage(
     # Private: the officer's certificate's figures, by reduction over the partitions (tasks/certificate_dask.py);
     # of the written groups it reads only their keys and sizes, which the gate's buckets left in the scratch.
     shards_failed = shard_sketches(spec, root, pieces, _on_cluster, anonymised.hierarchies)
-    (record["certificate"],) = _on_cluster("certificate-figures", dask_certificate, [(
-        spec, root, pieces, pieces, pieces, anonymised.hierarchies, coder, record["rows_in"] - written.records, shards_failed,
-    )])
+    record["certificate"] = _once_on_cluster("certificate-figures", dask_certificate, spec, root, pieces, pieces, pieces,
+                                             anonymised.hierarchies, coder, record["rows_in"] - written.records, shards_failed)
     for name in (*CERTIFICATE_SKETCHES, WRITTEN_SIZES, "shard", "shard-classes"):
         scratch.remove(name)
     validation = _gate(spec, record, gates, criteria, [part.checks for part in published])

@@ -10,7 +10,14 @@ from prefect import flow
 from prefect.runtime import flow_run
 
 from kepsilon.flows import release_dask
-from kepsilon.flows.release_dask import BATCH_RETRIES, SHARD_TASKS_PER_THREAD, TASKS_PER_THREAD, _on_cluster
+from kepsilon.flows.release_dask import (
+    BATCH_RETRIES,
+    SHARD_TASKS_PER_THREAD,
+    TASKS_PER_THREAD,
+    _on_cluster,
+    _once_on_cluster,
+)
+from kepsilon.tasks import progress
 from kepsilon.tasks.errors import InputError, SpecError
 from kepsilon.tasks.partitioned import PartitionFailed, WorkerTraceback, run_batch, worth_retrying
 
@@ -133,3 +140,38 @@ def test_a_batch_that_keeps_failing_stops_after_its_retries_with_its_error(batch
     with pytest.raises(MemoryError):
         stage_of(3, failing)
     assert batches == [[0], [1], [2], [1], [1]]
+
+
+class Bars:
+    """A progress listener, as the CLI's bars are one: the stages it was told of."""
+
+    def __init__(self):
+        self.started: list[tuple[str, int]] = []
+
+    def stage_started(self, name: str, total: int) -> None:
+        self.started.append((name, total))
+
+    def stage_advanced(self, name: str, done: int, total: int) -> None:
+        pass
+
+    def stage_finished(self, name: str, done: int, total: int, seconds: float) -> None:
+        pass
+
+
+@flow(persist_result=False)
+def a_stage_and_a_step() -> tuple[list, int, str]:
+    results = _on_cluster("test-stage", square_unless, [(number, {}) for number in range(4)])
+    return results, _once_on_cluster("test-step", square_unless, 9, {}), flow_run.id
+
+
+@pytest.mark.usefixtures("prefect_harness")
+def test_a_step_done_once_is_a_task_run_of_its_own_with_no_bar_of_partitions():
+    bars = Bars()
+    progress.add_listener(bars)
+    try:
+        results, step, run_id = a_stage_and_a_step()
+    finally:
+        progress.remove_listener(bars)
+    assert (results, step) == ([0, 1, 4, 9], 81)
+    assert bars.started == [("test-stage", 4)]  # plan-source, count-distinct, write-csv: not "1/1 partitions"
+    assert _task_run_names(run_id) == ["test-stage", "test-step"]
