@@ -448,7 +448,7 @@ class Stage:
 
 @task(name="stage", cache_policy=NO_CACHE, persist_result=False)
 def stage_task(work: Stage) -> list:
-    """Prefect task, in the flow's process: one stage's partitions in batches on the cluster (``_batches``);
+    """Prefect task, in the flow's process: one stage's partitions in batches on the cluster (``_each``);
     their results in the order of ``work.arguments``."""
     batches = min(len(work.arguments), work.per_thread * _cluster_threads())
     dealt = [list(range(first, len(work.arguments), batches)) for first in range(batches)]
