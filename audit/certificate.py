@@ -287,6 +287,21 @@ def _figure(draw, caption: str) -> str:
     return f'<figure><img alt="{_e(caption)}" src="data:image/png;base64,{encoded}"><figcaption>{_e(caption)}</figcaption></figure>'
 
 
+def _bars(ax, heights: dict[int, float], color: str, width: float) -> None:
+    """A bar of ``width`` from 0 to ``y`` at each ``x`` of ``heights``, drawn as one collection of rectangles:
+    ``ax.bar`` makes an artist per bar, and a release's certificate spent 0.6 s drawing 316 group sizes (a 1M-row
+    release), growing with them, in the flow's process after the release was already in place."""
+    from matplotlib.collections import PolyCollection
+
+    half = width / 2
+    rectangles = [[(x - half, 0), (x - half, y), (x + half, y), (x + half, 0)] for x, y in heights.items()]
+    # Outlined in their colour: a bar narrower than a pixel (hundreds of sizes side by side) may cover no pixel's
+    # centre and vanish, as the smallest groups' bars did, the tallest among them.
+    ax.add_collection(PolyCollection(rectangles, facecolors=color, edgecolors=color, linewidths=0.5))
+    ax.autoscale_view()
+    ax.set_ylim(bottom=0)
+
+
 def render_certificate(facts: dict) -> str:
     """The certificate as one HTML document (figures inside, printable), a function of ``facts`` only."""
     record = facts["record"]
@@ -476,7 +491,7 @@ def _risk(record: dict) -> str:
         k = record.get("k")
 
         def draw(ax):
-            ax.bar(list(sizes), list(sizes.values()), color="#3465a4", width=0.8)
+            _bars(ax, sizes, color="#3465a4", width=0.8)
             if k:
                 ax.axvline(k - 0.5, color="#a00", linestyle="--", label=f"k = {k}")
                 ax.legend()
