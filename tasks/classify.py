@@ -36,7 +36,7 @@ from pyarrow import types as pa_types
 from kepsilon.spec import ReleaseSpec, Roles, SourceFormat
 
 from .errors import InputError, SpecError
-from .values import arrow_type, cell_texts, non_number_count, parse_numbers, refuse_non_numbers, unpublishable_reason
+from .values import arrow_type, cell_texts, parse_numbers, read_numbers, refuse_non_numbers, unpublishable_reason
 
 
 @dataclass(frozen=True)
@@ -500,9 +500,10 @@ def _count_e_quasi(frame: pd.DataFrame, quasi, missing_texts, findings: Findings
     if findings.e_missing[column]:
         return
     if _is_text(values):
-        findings.e_not_numbers[column] = non_number_count(values)
-        if findings.e_not_numbers[column]:
+        numbers, findings.e_not_numbers[column] = read_numbers(values)
+        if numbers is None:
             return
+        values = pd.Series(numbers, index=values.index, name=values.name)  # matched once: not parsed again below
     try:
         frame[column] = e_quasi_numbers(values, column)
         findings.e_non_finite[column] = non_finite_count(frame[column], column)
