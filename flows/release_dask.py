@@ -48,7 +48,7 @@ from prefect.cache_policies import NO_CACHE
 from prefect.runtime import flow_run
 
 from kepsilon.audit.witness import with_chain_witness
-from kepsilon.engine.criteria import add_disclosure_figures, declared
+from kepsilon.engine.criteria import add_disclosure_figures
 from kepsilon.engine.perturb import public_grid
 from kepsilon.faults import fault_point
 from kepsilon.flows.governance import SourceFacts, Spend, govern, run_day
@@ -71,12 +71,13 @@ from kepsilon.tasks.group_reduction import (
     GROUPS,
     WRITTEN,
     GroupCheck,
-    GroupGate,
     check_groups,
     class_figures,
     gate_groups,
+    load_gate_checks,
     perturb_and_hand_over,
     publish_and_hand_over,
+    release_gate,
 )
 from kepsilon.tasks.group_reduction import STAGES as GROUP_STAGES
 from kepsilon.tasks.partitioned import (
@@ -376,9 +377,9 @@ class DaskEngine:
             verdicts.attempt("journalist and marketer risk", lambda: refuse_risk_over_limits_on_partitions(
                 spec, scratch, len(plan.pieces), classes.levels, anonymised.hierarchies, _on_cluster))
         coder = GroupCoder.build(spec, anonymised.hierarchies, anonymised.criteria)
-        # The gate's checks are loaded before ε (a broken install is refused before anything is spent); this
-        # import waits for the background one (``_load_while_the_workers_run``) if that is still under way.
-        import kepsilon.tasks.validate  # noqa: F401
+        # The gate's checks are loaded before ε, where they run (a broken install is refused before anything is
+        # spent): on the workers, which run every check of a Dask release.
+        _once_on_cluster("load-gate-checks", load_gate_checks)
 
         def spend(reservation, record):
             return _spend_check_stage(spec, key, plan, table, anonymised, coder, reservation, store, record,
@@ -393,17 +394,15 @@ class DaskEngine:
 
 
 def _load_while_the_workers_run() -> None:
-    """Import the libraries the flow's process needs only after the workers' stages — Great Expectations for
-    the gate (``tasks/validate.py``) and matplotlib for the private figures — in a thread, while the flow waits
-    on the cluster: 3-5 s of a release's start on a 2-core machine, off its critical path.
+    """Import the library the flow's process needs only after the workers' stages — matplotlib, for the private
+    figures and the certificate — in a thread, while the flow waits on the cluster, off the release's critical path.
+    (Great Expectations, the gate's, is never loaded here: the workers run every check, ``release_gate``.)
 
     Started once the cluster has run the source's plan, when the flow's own imports are done. A failure here is
-    not the release's: the flow's own import of the module, where it needs it, raises it again (the gate's
-    before ε: ``DaskEngine.anonymise``)."""
+    not the release's: the flow's own import, where it needs it, raises it again."""
 
     def load() -> None:
         try:
-            import kepsilon.tasks.validate  # noqa: F401
             from kepsilon.tasks.figures import pyplot
 
             pyplot()
@@ -822,12 +821,11 @@ def _spend_check_stage(
                                              anonymised.hierarchies, coder, record["rows_in"] - written.records, shards_failed)
     for name in (*CERTIFICATE_SKETCHES, WRITTEN_SIZES, "shard", "shard-classes"):
         scratch.remove(name)
-    validation = _gate(spec, record, gates, criteria, [part.checks for part in published])
-    record["checks"] = validation.checks
-    if not validation.success:
-        from kepsilon.tasks.validate import validation_failure
-
-        raise validation_failure(validation)
+    record["checks"], failure = _once_on_cluster(
+        "gate", release_gate, spec, gates, [part.checks for part in published], record["rows_in"],
+        sum(record["rows_removed"].values()), record["linking_risk"], criteria)
+    if failure is not None:
+        raise failure
 
     grids = {q.column: public_grid(q.lower, q.upper, eps) for q, eps in zip(spec.roles.e_quasi, spec.epsilon_split().values())}
     public = with_chain_witness(public_manifest(record, spec, grids, Guarantee.for_spec(spec).statement()), store, key)
@@ -863,27 +861,3 @@ def _fresh_staging(output_dir: str, release_id: str) -> Path:
         shutil.rmtree(staging)
     (staging / DATASET).mkdir(parents=True)
     return staging
-
-
-def _gate(spec, record, gates: list[GroupGate], criteria, part_checks):
-    """The release gate from the buckets' group checks and records and the parts' column checks
-    (``validate_aggregated``)."""
-    from kepsilon.tasks.validate import validate_aggregated, weight_column_name
-
-    roles = spec.roles.names()
-    return validate_aggregated(
-        [gate.checks for gate in gates],
-        [gate.sizes.records for gate in gates],
-        part_checks,
-        weight_column=weight_column_name([*roles["k_quasi"], *roles["sensitive"]]),
-        k_quasi=roles["k_quasi"],
-        e_quasi=roles["e_quasi"],
-        rows_in=record["rows_in"],
-        rows_removed=sum(record["rows_removed"].values()),
-        suppression_budget=spec.suppression_budget,
-        criteria=declared(criteria),
-        linking_risk=record["linking_risk"],
-        max_linking_risk=spec.max_linking_risk,
-        max_prosecutor_risk=spec.max_prosecutor_risk,
-        linking_gates=spec.scale_basis == "diameter",  # bounds mode: recorded, not gated (issue 21)
-    )

@@ -462,10 +462,12 @@ def test_a_failed_gate_on_dask_publishes_nothing_and_records_the_failure(
 
 
 @pytest.mark.flow
+@pytest.mark.heavy
 @pytest.mark.usefixtures("prefect_harness")
-def test_a_flow_that_cannot_load_the_gates_checks_is_refused_before_epsilon(clusters, sources, tmp_path, monkeypatch):
-    """The flow loads Great Expectations in the background while the workers run (``_load_while_the_workers_run``);
-    the gate's checks must still be loaded before ε, so that a broken install spends nothing."""
+def test_the_flows_process_never_loads_the_gates_checks(clusters, sources, tmp_path, monkeypatch):
+    """Great Expectations (about 6 s of CPU to load) stays out of the flow's process: the workers run every check,
+    the release gate's included (``release_gate``), and hand back plain data. A release whose flow cannot import
+    ``tasks/validate.py`` at all publishes."""
     import sys
 
     from kepsilon.flows.release import governed_release
@@ -474,11 +476,50 @@ def test_a_flow_that_cannot_load_the_gates_checks_is_refused_before_epsilon(clus
 
     store = capped_store(tmp_path, monkeypatch, "test-population")
     private_temporary_folder(tmp_path, monkeypatch)
-    monkeypatch.setitem(sys.modules, "kepsilon.tasks.validate", None)  # any import of it raises ImportError
+    monkeypatch.setitem(sys.modules, "kepsilon.tasks.validate", None)  # any import of it here raises ImportError
     execution = {"engine": "dask", "scheduler": clusters[2].scheduler_address, "partitions": 2}
+    record = governed_release(make_spec(sources["sample"], tmp_path, execution=execution))
+    assert record["checks"] and all(check["success"] for check in record["checks"])
+    assert [(r["release_id"], r["outcome"]) for r in store["releases"].rows] == [(record["release_id"], "published")]
+
+
+@pytest.mark.flow
+@pytest.mark.usefixtures("prefect_harness")
+def test_workers_that_cannot_load_the_gates_checks_are_refused_before_epsilon(clusters, sources, tmp_path, monkeypatch):
+    """The workers run every check of the gate (the flow's process never loads Great Expectations: ``release_gate``);
+    they load them before ε (``load_gate_checks``), so that a broken install there spends nothing."""
+    from distributed import Client
+
+    from kepsilon.flows.release import governed_release
+
+    from .conftest import capped_store
+
+    def hide(name: str, dask_worker) -> None:  # on each worker (client.run): any import of the module raises ImportError
+        import sys
+
+        dask_worker.kepsilon_hidden = sys.modules.get(name)
+        sys.modules[name] = None  # type: ignore[assignment]
+
+    def restore(name: str, dask_worker) -> None:
+        import sys
+
+        if dask_worker.kepsilon_hidden is None:
+            sys.modules.pop(name, None)
+        else:
+            sys.modules[name] = dask_worker.kepsilon_hidden
+
+    store = capped_store(tmp_path, monkeypatch, "test-population")
+    private_temporary_folder(tmp_path, monkeypatch)
+    cluster = clusters[2]
+    execution = {"engine": "dask", "scheduler": cluster.scheduler_address, "partitions": 2}
     spec = make_spec(sources["sample"], tmp_path, execution=execution)
-    with pytest.raises(ImportError, match="kepsilon.tasks.validate"):
-        governed_release(spec)
+    with Client(cluster.scheduler_address) as client:
+        client.run(hide, "kepsilon.tasks.validate")
+        try:
+            with pytest.raises(ImportError, match="kepsilon.tasks.validate"):
+                governed_release(spec)
+        finally:
+            client.run(restore, "kepsilon.tasks.validate")
     assert store.conn.execute("SELECT COUNT(*) FROM ledger WHERE kind = 'reserve'").fetchone()[0] == 0
     assert list(store["releases"].rows) == []
 
