@@ -378,8 +378,9 @@ class DaskEngine:
                 spec, scratch, len(plan.pieces), classes.levels, anonymised.hierarchies, _on_cluster))
         coder = GroupCoder.build(spec, anonymised.hierarchies, anonymised.criteria)
         # The gate's checks are loaded before ε, where they run (a broken install is refused before anything is
-        # spent): on the workers, which run every check of a Dask release.
-        _once_on_cluster("load-gate-checks", load_gate_checks)
+        # spent): on the workers, which run every check of a Dask release. A task per worker thread, so that fresh
+        # workers (a local cluster's) load them side by side, once, rather than one now and the others at publish.
+        _on_every_thread("load-gate-checks", load_gate_checks)
 
         def spend(reservation, record):
             return _spend_check_stage(spec, key, plan, table, anonymised, coder, reservation, store, record,
@@ -477,6 +478,13 @@ def _once_on_cluster(name: str, function, *arguments):
     work = Stage(name, function, [arguments], counted=False, per_thread=1, shown=False)
     (result,) = stage_task.with_options(name=name)(work)
     return result
+
+
+def _on_every_thread(name: str, function) -> None:
+    """Step ``name``: ``function()`` once per worker thread of the cluster, side by side (one task each, which Dask
+    gives its idle threads), with no progress bar: a worker's preparation rather than partitions."""
+    work = Stage(name, function, [()] * _cluster_threads(), counted=False, per_thread=1, shown=False)
+    stage_task.with_options(name=name)(work)
 
 
 def _on_shards(name: str, function, arguments: list[tuple]) -> list:
