@@ -518,7 +518,8 @@ def _anonymise(spec: ReleaseSpec, plan, table, scratch: Scratch) -> ShardedClass
     pieces = len(plan.pieces)
     summaries = _on_shards("merge-histogram", merge_shard, [(scratch, b, table.offsets, columns) for b in range(pieces)])
     scratch.remove("partial")
-    sharded = anonymise_shards(spec, scratch, summaries, table.values, _on_shards)
+    sharded = anonymise_shards(spec, scratch, summaries, table.values, _on_shards,
+                               statistics_tasks=SHARD_TASKS_PER_THREAD * _cluster_threads())
     for name in ("leaf", "local", "firsts", "numbers", "class-of", "class-table"):
         scratch.remove(name)
     return sharded

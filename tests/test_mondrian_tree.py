@@ -78,7 +78,9 @@ def on_shards(frame: pd.DataFrame, spec: ReleaseSpec, pieces: int, folder: Path,
         offsets.append(int(bounds[number]))
     summaries = [merge_shard(scratch, b, offsets, columns) for b in range(pieces)]
     totals = {c: pd.concat([v[c] for v in values]).groupby(level=0, sort=False).sum().astype(np.int64) for c in values[0]}
-    result = anonymise_shards(spec, scratch, summaries, totals, in_process, max_tuples=max_tuples)
+    # Several shards per cut-statistics task wherever there are several (their statistics added on the worker).
+    result = anonymise_shards(spec, scratch, summaries, totals, in_process, max_tuples=max_tuples,
+                              statistics_tasks=max(1, pieces // 2))
     tuples, classes = zip(*(scratch.read("shard-classes", b) for b in range(pieces)))
     return result, pd.concat(tuples, ignore_index=True), np.concatenate(classes), scratch
 

@@ -29,6 +29,7 @@ numpy calls as the in-memory one, so it is equal too. Nothing here knows about D
 where the statistics are counted and where each sub-tree runs (``tasks/mondrian_tasks.py``).
 """
 
+import functools
 from collections.abc import Callable, Iterable
 from dataclasses import dataclass, field, replace
 
@@ -156,11 +157,17 @@ class NodeStatistics:
 
     @staticmethod
     def add(parts: list["NodeStatistics"]) -> "NodeStatistics":
+        """The statistics of all the parts' tuples, added one part at a time: stacking them first (``np.sum`` of a
+        list) copied every part's arrays once more."""
         first = parts[0]
+
+        def total(arrays) -> np.ndarray:
+            return functools.reduce(np.add, arrays)
+
         return NodeStatistics(
-            tuples=np.sum([p.tuples for p in parts], axis=0),
-            records=[np.sum([p.records[j] for p in parts], axis=0) for j in range(len(first.records))],
-            by_value=[[np.sum([p.by_value[c][j] for p in parts], axis=0) for j in range(len(first.records))]
+            tuples=total([p.tuples for p in parts]),
+            records=[total([p.records[j] for p in parts]) for j in range(len(first.records))],
+            by_value=[[total([p.by_value[c][j] for p in parts]) for j in range(len(first.records))]
                       for c in range(len(first.by_value))],
         )
 
