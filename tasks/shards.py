@@ -196,7 +196,8 @@ def anonymise_shards(
 
 
 def _mondrian_on_shards(spec, scratch, buckets, encoding, criteria, rows, each, max_tuples, statistics_tasks):
-    groups = [list(range(first, buckets, statistics_tasks)) for first in range(min(max(1, statistics_tasks), buckets))]
+    tasks = max(1, statistics_tasks)
+    groups = [list(range(first, buckets, tasks)) for first in range(min(tasks, buckets))]  # shards dealt in turn
 
     def statistics_of(tree: CutTree, nodes: np.ndarray) -> NodeStatistics:
         parts = each("cut-statistics", shard_statistics,
