@@ -36,7 +36,7 @@ from kepsilon.audit.witness import with_chain_witness
 from kepsilon.engine.criteria import disclosure_report
 from kepsilon.engine.metrics import certain_linking_risk, errors_by_class
 from kepsilon.engine.perturb import public_grid
-from kepsilon.engine.predict import draws_for, predict
+from kepsilon.engine.predict import design_for, predict
 from kepsilon.engine.stages import release_sequence
 from kepsilon.flows.governance import SourceFacts, Spend, govern, run_day
 from kepsilon.flows.manifest import public_manifest, published_groups
@@ -183,12 +183,18 @@ def pre_epsilon_in_memory(verdicts: Verdicts, spec, store: str, key: str, table,
     summary = pre_epsilon_checks(
         verdicts, spec, store=store, key=key, rows_in=len(table.frame), rows_kept=len(kept),
         certain_share=certain_linking_risk(kept, class_ids, spec),
-        predict=lambda: predict(kept[columns], class_ids, spec, draws_for(len(kept)), fresh_generator()),
+        predict=lambda: _predict(kept[columns], class_ids, spec),
     )
     # The certificate's optional gates (max_journalist_risk, max_marketer_risk): on the anonymiser's groups,
     # which depend on the partition only, so they may refuse in bounds mode too.
     verdicts.attempt("journalist and marketer risk", refuse_risk_over_limits, table, partition, spec)
     return summary
+
+
+def _predict(kept, class_ids, spec):
+    """The throw-away draws' prediction of the kept records, on the design their count calls for (``design_for``)."""
+    design = design_for(len(kept))
+    return predict(kept, class_ids, spec, design.draws, fresh_generator(), share=design.share)
 
 
 # The engine's stage sequence (``kepsilon.engine.stages``) as this flow runs it: each step as its Prefect task

@@ -543,18 +543,18 @@ def _pre_epsilon(verdicts: Verdicts, spec, store: str, key: str, table, sharded:
     class partitions (each predicted on the cluster from throw-away noise). Returns the private summary."""
     import secrets
 
-    from kepsilon.engine.predict import Prediction, draws_for
+    from kepsilon.engine.predict import Prediction, design_for
 
     rows_kept = sharded.rows_kept
-    draws = draws_for(rows_kept)
+    design = design_for(rows_kept)  # the whole table's: each partition samples its classes at the table's share
     pieces = len(plan.pieces)
 
     def predicted() -> Prediction:
         parts = _on_cluster("predict", predict_partition, [
-            (index, pieces, scratch, spec, draws, secrets.randbits(128)) for index in range(pieces)
+            (index, pieces, scratch, spec, design.draws, secrets.randbits(128), design.share) for index in range(pieces)
         ], counted=True)
         scratch.remove(NUMERIC_SHUFFLE)  # the perturbation reads the whole records (``shuffle``)
-        prediction = Prediction(draws=draws, published=np.zeros(draws))
+        prediction = Prediction(draws=design.draws, share=design.share, published=np.zeros(design.draws))
         for part in parts:
             prediction = prediction.add(part)
         return prediction

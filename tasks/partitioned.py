@@ -557,17 +557,19 @@ def label_categoricals(codes: dict[str, np.ndarray], hierarchies: dict, index: p
                          for column, numbers in codes.items()}, index=index)
 
 
-def predict_partition(index: int, pieces: int, scratch: Scratch, spec: ReleaseSpec, draws: int, seed: int) -> Prediction:
+def predict_partition(index: int, pieces: int, scratch: Scratch, spec: ReleaseSpec, draws: int, seed: int,
+                      share: float = 1.0) -> Prediction:
     """Before ε: the prediction of one class partition (``kepsilon.engine.predict``, the in-memory path's own
-    function on whole classes), from throw-away noise seeded by ``seed``; the partition stays in the scratch
-    for the perturbation. Returns sums only (no value)."""
+    function on whole classes), from throw-away noise seeded by ``seed``, each draw of a ``share`` of its classes
+    (the whole table's design, ``design_for``); the partition stays in the scratch for the perturbation. Returns
+    sums only (no value)."""
     loaded = scratch.read_present(NUMERIC_SHUFFLE, index, count=pieces)
     if not loaded:
-        return Prediction(draws=draws, published=np.zeros(draws))
+        return Prediction(draws=draws, share=share, published=np.zeros(draws))
     kept = pd.concat([frame for frame, _ in loaded])
     class_ids = np.concatenate([ids for _, ids in loaded])
     columns = [q.column for q in spec.roles.e_quasi]
-    return predict(kept[columns], class_ids, spec, draws, np.random.default_rng(seed))
+    return predict(kept[columns], class_ids, spec, draws, np.random.default_rng(seed), share=share)
 
 
 def empty_like(frame: pd.DataFrame) -> pd.DataFrame:

@@ -329,6 +329,7 @@ def pre_epsilon_checks(
         "predicted_records_published": published,
         "predicted_suppression": suppressed,
         "draws": prediction.draws,
+        "class_share": prediction.share,
         "gated": gates,
         "warnings": warnings,
     }
