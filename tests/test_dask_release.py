@@ -166,10 +166,12 @@ CASES = [
 ]
 
 
-@pytest.mark.parametrize("partitions", [1, 3])
-def test_the_class_partitions_predict_what_the_in_memory_path_predicts(sources, tmp_path, partitions):
+@pytest.mark.parametrize("partitions, share", [(1, 1.0), (3, 1.0), (3, 0.5)])
+def test_the_class_partitions_predict_what_the_in_memory_path_predicts(sources, tmp_path, partitions, share):
     """Before ε, the partitioned path predicts each class partition (``predict_partition``) and adds the parts:
-    the exact predicted errors equal the in-memory prediction's, and the throw-away draws' figures are close."""
+    the exact predicted errors equal the in-memory prediction's, and the throw-away draws' figures are close,
+    also where each partition's draws take a sample of its classes at the table's share (a table over 1M records,
+    ``design_for``)."""
     import numpy as np
 
     from kepsilon.engine.anonymise import k_anonymise
@@ -188,9 +190,9 @@ def test_the_class_partitions_predict_what_the_in_memory_path_predicts(sources, 
     for piece, offset in zip(plan.pieces, table.offsets):
         distribute(piece.index, offset, root, [q.column for q in spec.roles.k_quasi], pieces,
                    [q.column for q in spec.roles.e_quasi])
-    whole = Prediction(draws=8, published=np.zeros(8))
+    whole = Prediction(draws=8, share=share, published=np.zeros(8))
     for index in range(pieces):
-        whole = whole.add(predict_partition(index, pieces, root, spec, 8, index))
+        whole = whole.add(predict_partition(index, pieces, root, spec, 8, index, share))
     frame = classify(read_source(spec.source).frame, spec).frame
     partition = k_anonymise(frame, spec)
     kept = frame[partition.kept]
@@ -198,6 +200,8 @@ def test_the_class_partitions_predict_what_the_in_memory_path_predicts(sources, 
     assert whole.records == memory.records == len(kept)
     assert whole.relative_errors()["HEIGHT"] == pytest.approx(memory.relative_errors()["HEIGHT"], rel=1e-12)
     assert whole.linking_risk() == pytest.approx(memory.linking_risk(), abs=0.03)
+    assert whole.published_records() == pytest.approx(memory.published_records(), rel=0.02)
+    assert whole.share == share and 0.8 * share < whole.drawn.sum() / (8 * len(kept)) <= share * 1.2
 
 
 @pytest.mark.parametrize("source, partitions, changes", CASES)

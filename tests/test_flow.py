@@ -57,6 +57,23 @@ def test_release_is_published_k_anonymous_and_recorded(store, synthetic_spec_dic
     releases = list(store["releases"].rows)
     assert [(r["release_id"], r["outcome"]) for r in releases] == [("test-release", "published")]
     assert remaining(store, "test-population") == pytest.approx(4.0)
+    # The prediction before ε drew every class, 10 times (32,440 kept records stack 324,400: under 2M).
+    assert (manifest["pre_epsilon"]["draws"], manifest["pre_epsilon"]["class_share"]) == (10, 1.0)
+
+
+def test_a_table_too_large_to_draw_whole_is_predicted_on_a_sample_of_its_classes(store, synthetic_spec_dict, monkeypatch):
+    """Where the draws of every class would stack more than ``STACKED_ROWS`` records (here lowered to 20,000, as a
+    table of 10M records meets the real 2M), each of two draws takes a sample of the classes; the release goes on."""
+    import kepsilon.engine.predict as predict_module
+
+    monkeypatch.setattr(predict_module, "STACKED_ROWS", 20_000)
+    record = governed_release(parse_spec(synthetic_spec_dict))
+    kept = record["rows_in"]  # Mondrian keeps every record
+    assert record["pre_epsilon"]["draws"] == 2
+    assert record["pre_epsilon"]["class_share"] == pytest.approx(20_000 / (2 * kept))
+    assert 0 < record["pre_epsilon"]["predicted_linking_risk"] < record["pre_epsilon"]["predicted_records_published"]
+    assert abs(record["pre_epsilon"]["predicted_records_published"] - kept) < 0.05 * kept
+    assert record["rows_published"] > 0
 
 
 def _fail_after_staging(monkeypatch, error: BaseException, also=None):
