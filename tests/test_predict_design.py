@@ -2,7 +2,7 @@
 
 Above 1M kept records each of the two throw-away draws perturbs a random sample of the classes, so a prediction
 stacks about ``STACKED_ROWS`` records whatever the table's size (issue 25: at 10M records the draws of every class
-cost 1.7 µs of worker CPU a record). These tests hold the sample to whole classes, its figures to the full draws',
+cost 1.6–2.2 µs of worker CPU a record). These tests hold the sample to whole classes, its figures to the full draws',
 and the partitioned path to the table's design.
 """
 
