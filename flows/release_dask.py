@@ -117,7 +117,7 @@ from kepsilon.tasks.publish import (
     write_file,
 )
 from kepsilon.tasks.scratch import Scratch, ScratchLease, private_root
-from kepsilon.tasks.shards import SHARD_CODES, SHARD_KEYS, ShardedClasses, anonymise_shards, merge_shard
+from kepsilon.tasks.shards import PARTIAL_PLACES, PIECE_CLASSES, SHARD_CODES, ShardedClasses, anonymise_shards, merge_shard
 from kepsilon.tasks.sources import SourcePlan, plan_source
 
 # Room the scratch folder needs, as a multiple of the table's size in memory: the classified records,
@@ -520,21 +520,19 @@ def _anonymise(spec: ReleaseSpec, plan, table, scratch: Scratch) -> ShardedClass
     scratch.remove("partial")
     sharded = anonymise_shards(spec, scratch, summaries, table.values, _on_shards,
                                statistics_tasks=SHARD_TASKS_PER_THREAD * _cluster_threads())
-    for name in ("leaf", "local", "firsts", "numbers", "class-of", "class-table"):
+    for name in ("leaf", "local", "firsts", "numbers", "class-of", "class-table", PARTIAL_PLACES):
         scratch.remove(name)
     return sharded
 
 
 def _distribute(spec: ReleaseSpec, plan, table, scratch: Scratch) -> None:
     """Stage B, before ε (it needs no noise): every record to the class partition of its class."""
-    columns = [q.column for q in spec.roles.k_quasi]
-    pieces = len(plan.pieces)
     numeric = [q.column for q in spec.roles.e_quasi]
     _on_cluster("distribute", distribute, [
-        (piece.index, offset, scratch, columns, pieces, numeric) for piece, offset in zip(plan.pieces, table.offsets)
+        (piece.index, offset, scratch, numeric) for piece, offset in zip(plan.pieces, table.offsets)
     ], counted=True)
     # The shards stay for the certificate's figures (removed after them, or with the scratch at the end).
-    for name in ("classified", "targets", SHARD_KEYS, SHARD_CODES):  # once all its partitions are done
+    for name in ("classified", "targets", PIECE_CLASSES, SHARD_CODES):  # once all its partitions are done
         scratch.remove(name)
 
 

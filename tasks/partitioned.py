@@ -11,8 +11,8 @@ A. **intake** (per piece of the source, ``tasks/sources.py``): read the piece, c
    counts up and refuses what the in-memory path refuses. The partials are then merged into shards and
    anonymised on the cluster (``tasks/shards.py``: Mondrian distributed, OLA in one task), so no
    histogram ever reaches the flow's process.
-B. **distribute** (per piece): each record gets its tuple's class (a join on the k-quasi values with
-   the shard of its bucket, one shard at a time) and goes to the class partition of its class: a class
+B. **distribute** (per piece): each record gets its tuple's class (its piece's tuples' classes, read back
+   bucket by bucket as each shard's step wrote them: ``piece_classes``) and goes to the class partition of its class: a class
    partition holds whole classes, in ranges of class ids of about equal record counts. Its ε-quasi values
    also go apart, for the prediction before ε (per class partition), which reads nothing else.
 C. **perturb and suppress** (per class partition): the engine's stage sequence on whole classes
@@ -119,9 +119,9 @@ class Intake:
 
 
 def intake(plan: SourcePlan, piece: Piece, spec: ReleaseSpec, scratch: Scratch) -> Intake:
-    """Stage A on one piece: read, classify (counting), histogram; classified records (with their tuples'
-    hashes) and the histogram, split into one partial per bucket of tuple hashes (``tasks/shards.py``), to
-    the scratch.
+    """Stage A on one piece: read, classify (counting), histogram; classified records (with each record's tuple,
+    numbered as in the histogram, and each tuple's bucket) and the histogram, split into one partial per bucket
+    of tuple hashes (``tasks/shards.py``), to the scratch.
 
     The histogram's first positions are the piece's own (from 0): the merge shifts them by the piece's
     offset once every piece's length is known.
@@ -144,13 +144,14 @@ def intake(plan: SourcePlan, piece: Piece, spec: ReleaseSpec, scratch: Scratch) 
         tuple_of_record, histogram.of_record = histogram.of_record, None
         columns = [q.column for q in spec.roles.k_quasi]
         hashes = tuple_hashes(histogram.tuples, columns)  # each distinct tuple hashed once, here only
-        write_partials(area, histogram, columns, len(plan.pieces), piece.index, hashes)
+        bucket_of_tuple = write_partials(area, histogram, columns, len(plan.pieces), piece.index, hashes)
         values = histogram.values
-        # The records' tuples' hashes go with them: the distribution buckets them by these. Their text as codes
-        # (text_codes.py): the k-quasis' from the codes their conversion to text made.
+        # Each record's tuple (its number in the piece's histogram) and each tuple's bucket go with the records:
+        # the distribution gives a record its tuple's class, read back by bucket in the partials' order. Their
+        # text as codes (text_codes.py): the k-quasis' from the codes their conversion to text made.
         known = {column: known_text_codes(classified[column], row_codes) for column, row_codes in codes.items()}
         records, encoded = encode_text(classified, known=known)
-        area.write((records, hashes[tuple_of_record], encoded), "classified", piece.index)
+        area.write((records, tuple_of_record, bucket_of_tuple, encoded), "classified", piece.index)
         # The officer's certificate: this piece's counts of what the release will change (tasks/certificate_dask.py).
         area.write(source_sketch(classified, spec), SOURCE_SKETCH, piece.index)
     return Intake(piece.index, len(frame), findings, short, values)
@@ -262,24 +263,17 @@ def class_targets(histogram: TupleHistogram, class_of_tuple: np.ndarray, parts: 
 NUMERIC_SHUFFLE = "shuffle-numbers"
 
 
-def distribute(index: int, offset: int, scratch: Scratch, columns: list[str], buckets: int, numeric: list[str]) -> int:
-    """Stage B on one piece: each record's class (its tuple's, from the shard of its bucket), then its
-    records to their class partitions (``targets``: the class partition of every class), and their ε-quasi
-    columns (``numeric``) apart for the prediction (``NUMERIC_SHUFFLE``).
+def distribute(index: int, offset: int, scratch: Scratch, numeric: list[str]) -> int:
+    """Stage B on one piece: each record's class (its tuple's: :func:`piece_classes`), then its records to
+    their class partitions (``targets``: the class partition of every class), and their ε-quasi columns
+    (``numeric``) apart for the prediction (``NUMERIC_SHUFFLE``).
 
     The records' index becomes their source position (the piece's offset plus their place in it); the
-    anonymiser's suppressed records (class -1, OLA) go nowhere. Returns the records kept. One shard's
-    tuples are in memory at a time.
+    anonymiser's suppressed records (class -1, OLA) go nowhere. Returns the records kept.
     """
-    from .shards import tuple_buckets
-
     area = scratch
-    frame, hashes, encoded = area.read("classified", index)  # each record's tuple's hash; its text as codes
-    order, runs = by_target(tuple_buckets(frame, columns, buckets, hashes))
-    class_ids = np.full(len(frame), -1, dtype=np.int64)
-    for number, rows in runs:
-        mine = order[rows]
-        class_ids[mine] = _classes_in_shard(area, number, frame, columns, mine, hashes[mine], encoded)
+    frame, tuple_of_record, bucket_of_tuple, encoded = area.read("classified", index)  # text as codes
+    class_ids = piece_classes(area, index, bucket_of_tuple)[tuple_of_record]
     target_of_class = area.read("targets")
     kept = np.flatnonzero(class_ids >= 0)
     frame.index = frame.index + offset  # the piece's own positions, from 0, become the source's
@@ -293,26 +287,22 @@ def distribute(index: int, offset: int, scratch: Scratch, columns: list[str], bu
     return len(kept)
 
 
-def _classes_in_shard(scratch: Scratch, bucket: int, frame: pd.DataFrame, columns: list[str], rows: np.ndarray,
-                      hashes: np.ndarray, encoded: tuple[str, ...] = ()) -> np.ndarray:
-    """The class of each record of one bucket (``rows`` of ``frame``, their tuples' ``hashes``): its tuple's,
-    from the bucket's shard. Found by the hash when no two tuples of the shard share one and every
-    record's hash is there (a record's tuple is in the shard it was counted into: the hash then names it);
-    otherwise by matching the values themselves (as text: ``encoded`` names the columns held as codes)."""
-    from .shards import SHARD_KEYS
+def piece_classes(scratch: Scratch, index: int, bucket_of_tuple: np.ndarray) -> np.ndarray:
+    """The class of each distinct tuple of piece ``index`` (-1: suppressed), its tuples numbered as in its
+    histogram: bucket by bucket, as the bucket's task wrote them (``shards.write_piece_classes``, in the order
+    of the piece's partial, which holds the bucket's tuples in the histogram's order). No tuple is matched or
+    hashed again: a shard's merge placed each partial's tuples, so a tuple hash shared by two tuples changes
+    nothing here."""
+    from .shards import PIECE_CLASSES
 
-    keys, class_of_tuple = scratch.read(SHARD_KEYS, bucket)
-    by_hash = pd.Index(keys)
-    if by_hash.is_unique:
-        tuple_of_record = by_hash.get_indexer(hashes)
-        if (tuple_of_record >= 0).all():
-            return class_of_tuple[tuple_of_record]
-    tuples, class_of_tuple = scratch.read("shard-classes", bucket)
-    values = decode_text(frame[columns].iloc[rows], tuple(column for column in encoded if column in columns))
-    tuple_of_record = pd.MultiIndex.from_frame(tuples[columns]).get_indexer(pd.MultiIndex.from_frame(values))
-    if (tuple_of_record < 0).any():  # every record's tuple is in the shard it was counted into
-        raise RuntimeError("a record's k-quasi tuple is missing from the table's histogram")
-    return class_of_tuple[tuple_of_record]
+    class_of_tuple = np.full(len(bucket_of_tuple), -1, dtype=np.int64)
+    order, runs = by_target(bucket_of_tuple)
+    for bucket, tuples in runs:
+        classes = scratch.read(PIECE_CLASSES, index, bucket)
+        if len(classes) != tuples.stop - tuples.start:  # the bucket's partial was this piece's tuples of it
+            raise RuntimeError("a piece's tuples and its bucket's classes differ in number")
+        class_of_tuple[order[tuples]] = classes
+    return class_of_tuple
 
 
 # --------------------------------------------------------------------------- group codes

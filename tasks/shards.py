@@ -10,7 +10,8 @@ Each intake task splits its piece's histogram of distinct k-quasi tuples by a ha
 * **Mondrian** (``kepsilon.engine.mondrian_tree``): the top of the cut tree from the shards' statistics
   (one task per shard and depth, summed in the flow: counts by node and code), then every leaf's
   tuples gathered from the shards and finished as a task of its own, its classes numbered by a
-  reduction over the leaves' first rows, and the classes of every shard's tuples written back. The
+  reduction over the leaves' first rows, and the classes of every shard's tuples written back, also
+  piece by piece (each piece's tuples of the shard, in its partial's order: the distribution's input). The
   per-class figures (report, class partitions, certain linking share) come from one reduction task.
 * **OLA** keeps one task (its lattice search needs every tuple): it reads the shards itself, on a
   worker, and writes the classes back the same way.
@@ -28,7 +29,14 @@ import pandas as pd
 
 from kepsilon.engine.anonymise import AnonymisedTuples, hierarchies_from_values
 from kepsilon.engine.criteria import criteria_from_value_counts, declared, load_sensitive_hierarchies
-from kepsilon.engine.histogram import TupleHistogram, concat_disjoint, merge_histograms, split_tuples, take_tuples
+from kepsilon.engine.histogram import (
+    TupleHistogram,
+    concat_disjoint,
+    merge_histograms,
+    merge_histograms_placing,
+    split_tuples,
+    take_tuples,
+)
 from kepsilon.engine.mondrian_tree import (
     CutTree,
     Encoding,
@@ -49,7 +57,11 @@ from .scratch import Scratch
 # A leaf of the top of the cut tree is finished in one task when it holds at most this many distinct
 # tuples (about 0.7 KB each in memory): a worker's share, whatever the table's size.
 MAX_SUBTREE_TUPLES = 200_000
-SHARD_KEYS = "shard-keys"  # scratch: (bucket) the shard's tuples' hashes and classes (``write_shard_classes``)
+# scratch: (bucket) each piece's partial's length, and where its tuples went in the shard (``merge_shard``)
+PARTIAL_PLACES = "partial-places"
+# scratch: (piece, bucket) the class of each of the piece's tuples in that bucket, in its partial's order
+# (``write_piece_classes``): all the distribution reads of the anonymiser's decision
+PIECE_CLASSES = "piece-classes"
 SHARD_CODES = "shard-codes"  # scratch: (bucket) the shard's tuples' codes and records (``encoded_shard``)
 
 Each = Callable[[str, Callable, list[tuple]], list]
@@ -72,23 +84,36 @@ def tuple_buckets(tuples: pd.DataFrame, columns: list[str], buckets: int, hashes
     return (hashes % np.uint64(buckets)).astype(np.int64)
 
 
-def write_shard_classes(scratch: Scratch, bucket: int, tuples: pd.DataFrame, class_of_tuple: np.ndarray,
-                        columns: list[str]) -> None:
-    """A shard's tuples with their classes (``shard-classes``), and the same classes keyed by the tuples'
-    hashes (``SHARD_KEYS``): the distribution finds a record's tuple by its hash alone, without reading or
-    matching the tuples' values, whenever no two tuples of the shard share a hash."""
+def write_shard_classes(scratch: Scratch, bucket: int, tuples: pd.DataFrame, class_of_tuple: np.ndarray) -> None:
+    """A shard's tuples with their classes (``shard-classes``), and each piece's share of them
+    (:func:`write_piece_classes`)."""
     scratch.write((tuples, class_of_tuple), "shard-classes", bucket)
-    scratch.write((tuple_hashes(tuples, columns), class_of_tuple), SHARD_KEYS, bucket)
+    write_piece_classes(scratch, bucket, class_of_tuple)
+
+
+def write_piece_classes(scratch: Scratch, bucket: int, class_of_tuple: np.ndarray) -> None:
+    """Per piece with tuples in this bucket, the class of each (``PIECE_CLASSES``), in the order of the piece's
+    partial: read where the merge placed them (``PARTIAL_PLACES``). The distribution of a piece then reads its
+    own tuples' classes only, bucket by bucket: its work grows with the piece, where looking its records' tuples
+    up in every shard grew with the whole table's distinct tuples (pieces × shards' tuples in all)."""
+    lengths, places = scratch.read(PARTIAL_PLACES, bucket)
+    ends = np.cumsum(lengths)
+    for piece, (end, length) in enumerate(zip(ends.tolist(), lengths.tolist())):
+        if length:
+            scratch.write(class_of_tuple[places[end - length:end]], PIECE_CLASSES, piece, bucket)
 
 
 def write_partials(scratch: Scratch, histogram: TupleHistogram, columns: list[str], buckets: int, piece: int,
-                   hashes: np.ndarray | None = None) -> None:
+                   hashes: np.ndarray | None = None) -> np.ndarray:
     """Intake's side: the piece's histogram split by bucket, one partial per bucket, into the scratch.
-    ``hashes``: its tuples' ``tuple_hashes``, where the caller has them."""
-    split = {bucket: part for bucket, _, part in split_tuples(histogram, tuple_buckets(histogram.tuples, columns, buckets, hashes))}
+    ``hashes``: its tuples' ``tuple_hashes``, where the caller has them. Returns each tuple's bucket: a partial
+    holds its bucket's tuples in the histogram's order (``split_tuples``)."""
+    bucket_of_tuple = tuple_buckets(histogram.tuples, columns, buckets, hashes)
+    split = {bucket: part for bucket, _, part in split_tuples(histogram, bucket_of_tuple)}
     for number in range(buckets):  # every bucket gets a partial, empty or not (the merge reads them all)
         scratch.write(split[number] if number in split else take_tuples(histogram, np.zeros(0, dtype=np.int64)),
                       "partial", number, piece)
+    return bucket_of_tuple
 
 
 # --------------------------------------------------------------------------- merge
@@ -131,14 +156,16 @@ def add_column_summaries(summaries: list[ShardSummary], columns: list[str]) -> d
 
 
 def merge_shard(scratch: Scratch, bucket: int, offsets: list[int], columns: list[str]) -> ShardSummary:
-    """One bucket's partials of every piece added up (first positions shifted to the source's) into a shard."""
+    """One bucket's partials of every piece added up (first positions shifted to the source's) into a shard;
+    where each partial's tuples went in it (``PARTIAL_PLACES``), for :func:`write_piece_classes`."""
     parts = []
     for piece, offset in enumerate(offsets):
         part = scratch.read("partial", bucket, piece)
         part.first = part.first + offset
         parts.append(part)
-    merged = merge_histograms(parts, columns)
+    merged, places = merge_histograms_placing(parts, columns)
     scratch.write(merged, "shard", bucket)
+    scratch.write((np.array([len(part) for part in parts], dtype=np.int64), places), PARTIAL_PLACES, bucket)
     return ShardSummary(bucket, len(merged), merged.records, column_summaries(merged, columns))
 
 
@@ -211,8 +238,7 @@ def _mondrian_on_shards(spec, scratch, buckets, encoding, criteria, rows, each, 
     each("mondrian-subtree", finish_leaf, [(scratch, leaf, buckets, encoding, spec.k, criteria, e_quasis) for leaf in leaves])
     each("number-classes", number_classes, [(scratch, leaves)])
     each("renumber-leaf", number_leaf, [(scratch, leaf) for leaf in leaves])
-    columns = [q.column for q in spec.roles.k_quasi]
-    each("collect-classes", collect_shard, [(scratch, b, leaves, columns) for b in range(buckets)])
+    each("collect-classes", collect_shard, [(scratch, b, leaves) for b in range(buckets)])
     (result,) = each("class-report", class_report, [(scratch, leaves, encoding, rows, spec, buckets)])
     return result
 
@@ -302,7 +328,7 @@ def number_leaf(scratch: Scratch, leaf: int) -> int:
     return len(numbers)
 
 
-def collect_shard(scratch: Scratch, bucket: int, leaves: list[int], columns: list[str]) -> int:
+def collect_shard(scratch: Scratch, bucket: int, leaves: list[int]) -> int:
     """A shard's tuples with their classes (``write_shard_classes``), for the distribution of the records."""
     shard = scratch.read("shard", bucket)
     class_of_tuple = np.full(len(shard), -1, dtype=np.int64)
@@ -310,7 +336,7 @@ def collect_shard(scratch: Scratch, bucket: int, leaves: list[int], columns: lis
         if scratch.exists("class-of", bucket, leaf):
             positions, ids = scratch.read("class-of", bucket, leaf)
             class_of_tuple[positions] = ids
-    write_shard_classes(scratch, bucket, shard.tuples, class_of_tuple, columns)
+    write_shard_classes(scratch, bucket, shard.tuples, class_of_tuple)
     return len(shard)
 
 
@@ -368,7 +394,7 @@ def ola_on_shards(scratch: Scratch, buckets: int, spec: ReleaseSpec, hierarchies
     class_of_tuple = classes.class_of_tuple
     for bucket, shard in enumerate(shards):
         at = np.searchsorted(whole.first, shard.first)  # a tuple's first record is its own
-        write_shard_classes(scratch, bucket, shard.tuples, class_of_tuple[at], columns)
+        write_shard_classes(scratch, bucket, shard.tuples, class_of_tuple[at])
     kept = class_of_tuple >= 0
     n = int(class_of_tuple.max()) + 1 if kept.any() else 0
     sizes = np.bincount(class_of_tuple[kept], weights=whole.weights[kept], minlength=n).astype(np.int64)

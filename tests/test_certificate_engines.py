@@ -77,9 +77,8 @@ def _classes_distributed(spec: ReleaseSpec, partitions: int, root: Scratch):
     table = combine_intakes([intake(plan, piece, spec, root) for piece in plan.pieces], spec,
                             lambda number: distinct_count(root, number, pieces))
     anonymised, classes = anonymise_in_shards(spec, plan, table, root)
-    columns = [q.column for q in spec.roles.k_quasi]
     for piece, offset in zip(plan.pieces, table.offsets):
-        distribute(piece.index, offset, root, columns, pieces, [q.column for q in spec.roles.e_quasi])
+        distribute(piece.index, offset, root, [q.column for q in spec.roles.e_quasi])
     return pieces, table, anonymised, classes
 
 

@@ -134,9 +134,8 @@ def run_stages(spec: ReleaseSpec, seed: bytes, partitions: int, folder: Path):
     intakes = [intake(plan, piece, spec, root) for piece in plan.pieces]
     table = combine_intakes(intakes, spec, lambda number: distinct_count(root, number, pieces))
     anonymised, classes = anonymise_in_shards(spec, plan, table, root)
-    columns = [q.column for q in spec.roles.k_quasi]
     for piece, offset in zip(plan.pieces, table.offsets):
-        distribute(piece.index, offset, root, columns, pieces, [q.column for q in spec.roles.e_quasi])
+        distribute(piece.index, offset, root, [q.column for q in spec.roles.e_quasi])
     coder = GroupCoder.build(spec, anonymised.hierarchies, anonymised.criteria)
     parts = [
         perturb_and_suppress(j, pieces, root, spec, RecordStreams(seed), anonymised.hierarchies, classes.levels, coder, pieces)
@@ -188,8 +187,7 @@ def test_the_class_partitions_predict_what_the_in_memory_path_predicts(sources, 
                             lambda number: distinct_count(root, number, pieces))
     anonymise_in_shards(spec, plan, table, root)
     for piece, offset in zip(plan.pieces, table.offsets):
-        distribute(piece.index, offset, root, [q.column for q in spec.roles.k_quasi], pieces,
-                   [q.column for q in spec.roles.e_quasi])
+        distribute(piece.index, offset, root, [q.column for q in spec.roles.e_quasi])
     whole = Prediction(draws=8, share=share, published=np.zeros(8))
     for index in range(pieces):
         whole = whole.add(predict_partition(index, pieces, root, spec, 8, index, share))
@@ -227,10 +225,11 @@ def test_the_stages_publish_the_in_memory_values_in_its_order(sources, tmp_path,
     assert all(all(checks.values()) for checks in (part.checks for part in written))
 
 
-def test_intake_leaves_each_records_tuple_hash_beside_it_for_the_distribution(sources, tmp_path):
-    """Intake hashes each distinct tuple once and stores every record's tuple's hash with the classified records:
-    the distribution buckets the records by these, as if it had hashed every record itself."""
-    from kepsilon.tasks.shards import tuple_hashes
+def test_intake_leaves_each_records_tuple_and_each_tuples_bucket_for_the_distribution(sources, tmp_path):
+    """Intake numbers each record's tuple as the piece's histogram does (in order of first occurrence) and buckets
+    each distinct tuple by its hash (computed once per tuple): the distribution gives a record its tuple's class
+    from these two, without matching or hashing the record's values again."""
+    from kepsilon.tasks.shards import tuple_buckets
 
     spec = make_spec(sources["dataset"], tmp_path)
     root = Scratch.new(tmp_path / "scratch")
@@ -238,9 +237,12 @@ def test_intake_leaves_each_records_tuple_hash_beside_it_for_the_distribution(so
     columns = [q.column for q in spec.roles.k_quasi]
     for piece in plan.pieces:
         intake(plan, piece, spec, root)
-        records, hashes, encoded = root.read("classified", piece.index)
-        frame = decode_text(records, encoded)
-        assert len(frame) > 0 and np.array_equal(hashes, tuple_hashes(frame, columns))
+        records, tuple_of_record, bucket_of_tuple, encoded = root.read("classified", piece.index)
+        frame = decode_text(records, encoded)[columns]
+        numbers = frame.groupby(columns, sort=False, dropna=False, observed=True).ngroup().to_numpy()
+        assert len(frame) > 0 and np.array_equal(tuple_of_record, numbers)
+        tuples = frame.drop_duplicates().reset_index(drop=True)  # one row per tuple, in order of first occurrence
+        assert np.array_equal(bucket_of_tuple, tuple_buckets(tuples, columns, len(plan.pieces)))
 
 
 def test_the_csv_pieces_end_at_record_boundaries_not_at_quoted_line_breaks(sources):
@@ -661,7 +663,8 @@ def test_a_fine_grained_release_ships_no_large_graph_and_the_flow_never_builds_t
         return called
 
     for module, name in [(histogram_module, "tuple_histogram"), (histogram_module, "merge_histograms"),
-                         (anonymise_module, "tuple_histogram"), (shards_module, "merge_histograms")]:
+                         (histogram_module, "merge_histograms_placing"), (anonymise_module, "tuple_histogram"),
+                         (shards_module, "merge_histograms"), (shards_module, "merge_histograms_placing")]:
         monkeypatch.setattr(module, name, spy(getattr(module, name)))
     with warnings.catch_warnings(record=True) as caught, dask.config.set(
         {"distributed.admin.large-graph-warning-threshold": "1MB"}

@@ -80,8 +80,7 @@ def prepared(spec: ReleaseSpec, partitions: int, folder: Path):
                             lambda number: distinct_count(root, number, pieces))
     anonymised, classes = anonymise_in_shards(spec, plan, table, root)
     for piece, offset in zip(plan.pieces, table.offsets):
-        distribute(piece.index, offset, root, [q.column for q in spec.roles.k_quasi], pieces,
-                   [q.column for q in spec.roles.e_quasi])
+        distribute(piece.index, offset, root, [q.column for q in spec.roles.e_quasi])
     coder = GroupCoder.build(spec, anonymised.hierarchies, anonymised.criteria)
     return root, pieces, table, anonymised, classes, coder
 

@@ -134,30 +134,49 @@ def test_rows_by_target_are_the_masks(targets):
     assert [order[rows].tolist() for rows in slices] == [np.flatnonzero(targets == t).tolist() for t in range(4)]
 
 
-def test_a_records_class_is_found_by_hash_or_by_its_values(tmp_path):
-    from kepsilon.tasks.partitioned import _classes_in_shard
+@pytest.mark.parametrize("hashes", ["their own", "all equal"])
+def test_each_piece_reads_back_its_own_tuples_classes_from_the_merged_shards(tmp_path, hashes):
+    """A piece's tuples get the classes the shards' tuples got, through where the merge placed each partial's
+    tuples (``PARTIAL_PLACES``), never matched by hash: tuples that share a hash (all of them, forced) keep their own
+    classes; a tuple in no class (-1) stays out, and a piece with no tuple in a bucket reads nothing from it."""
+    from kepsilon.engine.histogram import tuple_histogram
+    from kepsilon.tasks.partitioned import piece_classes
     from kepsilon.tasks.scratch import Scratch
-    from kepsilon.tasks.shards import SHARD_KEYS, tuple_hashes, write_shard_classes
+    from kepsilon.tasks.shards import PIECE_CLASSES, merge_shard, tuple_hashes, write_partials, write_shard_classes
 
     scratch = Scratch.new(tmp_path / "scratch")
     columns = ["ZIP", "SEX"]
-    tuples = pd.DataFrame({"ZIP": pd.array(["00501", "10001", None, "10001"], dtype=str),
-                           "SEX": pd.array(["F", "F", "M", "M"], dtype=str)})
-    class_of_tuple = np.array([3, 0, 2, 1], dtype=np.int64)
-    write_shard_classes(scratch, 0, tuples, class_of_tuple, columns)
-    frame = tuples.iloc[[3, 0, 2, 2, 1]].reset_index(drop=True)
-    rows = np.arange(len(frame))
-    expected = [1, 3, 2, 2, 0]
-    hashes = tuple_hashes(frame, columns)
-    assert _classes_in_shard(scratch, 0, frame, columns, rows, hashes).tolist() == expected
-    keys, classes = scratch.read(SHARD_KEYS, 0)
-    scratch.write((np.zeros_like(keys), classes), SHARD_KEYS, 0)  # every tuple's hash the same: matched on values
-    assert _classes_in_shard(scratch, 0, frame, columns, rows, hashes).tolist() == expected
-    scratch.write((keys + np.uint64(1), classes), SHARD_KEYS, 0)  # no record's hash found: matched on values
-    assert _classes_in_shard(scratch, 0, frame, columns, rows, hashes).tolist() == expected
-    stranger = pd.DataFrame({"ZIP": pd.array(["99999"], dtype=str), "SEX": pd.array(["F"], dtype=str)})
-    with pytest.raises(RuntimeError, match="missing from the table's histogram"):
-        _classes_in_shard(scratch, 0, stranger, columns, np.arange(1), tuple_hashes(stranger, columns))
+    text = pd.array(["00501", "10001", None, "10001", "20002", "00501", None], dtype=str)
+    sex = pd.array(["F", "F", "M", "M", "F", "F", "M"], dtype=str)
+    pieces = [pd.DataFrame({"ZIP": text[:4], "SEX": sex[:4]}), pd.DataFrame({"ZIP": text[3:], "SEX": sex[3:]})]
+    buckets = 3
+    histograms, bucket_of_tuple = [], []
+    for number, frame in enumerate(pieces):
+        histogram = tuple_histogram(frame, columns)
+        own = tuple_hashes(histogram.tuples, columns)
+        forced = own if hashes == "their own" else np.full(len(own), own[0])  # every tuple in one bucket
+        histograms.append(histogram)
+        bucket_of_tuple.append(write_partials(scratch, histogram, columns, buckets, number, forced))
+    offsets = [0, len(pieces[0])]
+    expected_class = {("00501", "F"): 4, ("10001", "F"): 0, (None, "M"): -1, ("10001", "M"): 2, ("20002", "F"): 1}
+
+    def key(row) -> tuple:
+        return tuple(None if pd.isna(value) else value for value in row)
+
+    for bucket in range(buckets):
+        merge_shard(scratch, bucket, offsets, columns)
+        shard = scratch.read("shard", bucket)
+        classes = np.array([expected_class[key(row)] for row in shard.tuples[columns].itertuples(index=False)],
+                           dtype=np.int64)
+        write_shard_classes(scratch, bucket, shard.tuples, classes)
+    for number, histogram in enumerate(histograms):
+        got = piece_classes(scratch, number, bucket_of_tuple[number])
+        assert got.tolist() == [expected_class[key(row)] for row in histogram.tuples[columns].itertuples(index=False)]
+        absent = set(range(buckets)) - set(bucket_of_tuple[number].tolist())
+        assert all(not scratch.exists(PIECE_CLASSES, number, bucket) for bucket in absent)
+    scratch.write(np.zeros(0, dtype=np.int64), PIECE_CLASSES, 0, int(bucket_of_tuple[0][0]))  # a bucket's file cut short
+    with pytest.raises(RuntimeError, match="differ in number"):
+        piece_classes(scratch, 0, bucket_of_tuple[0])
 
 
 @pytest.mark.parametrize("columns", [["A"], ["A", "B"], ["B", "C", "A"]])

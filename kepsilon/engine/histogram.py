@@ -177,6 +177,13 @@ def _tuple_numbers(frame: pd.DataFrame, columns: list[str], given: Mapping[str, 
 def merge_histograms(parts: list[TupleHistogram], columns: list[str]) -> TupleHistogram:
     """The histogram of the union of disjoint tables from theirs: counts added, first positions and
     extremes reduced, tuples in order of first occurrence. Equal to the histogram of the whole table."""
+    return merge_histograms_placing(parts, columns)[0]
+
+
+def merge_histograms_placing(parts: list[TupleHistogram], columns: list[str]) -> tuple[TupleHistogram, np.ndarray]:
+    """:func:`merge_histograms`, and where each part's tuples went: the merged position of every tuple of
+    ``parts``, part after part (a part's tuples in its own order). A partitioned release keeps these to hand
+    each piece the classes of its own tuples, without matching them again."""
     parts = [part for part in parts if len(part)] or parts[:1]
     stacked = pd.concat([part.tuples for part in parts], ignore_index=True)
     group = stacked.groupby(list(columns), sort=False, dropna=False, observed=True).ngroup().to_numpy(dtype=np.int64)
@@ -214,7 +221,7 @@ def merge_histograms(parts: list[TupleHistogram], columns: list[str]) -> TupleHi
         np.minimum.at(low, tuple_of_stacked, np.concatenate([part.extremes[column][0] for part in parts]))
         np.maximum.at(high, tuple_of_stacked, np.concatenate([part.extremes[column][1] for part in parts]))
         merged.extremes[column] = (low, high)
-    return merged
+    return merged, tuple_of_stacked
 
 
 def _add_counts(counts: list[pd.Series]) -> pd.Series:
