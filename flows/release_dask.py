@@ -826,7 +826,7 @@ def _spend_check_stage(
     shards_failed = shard_sketches(spec, root, pieces, _on_cluster, anonymised.hierarchies)
     record["certificate"] = _once_on_cluster("certificate-figures", dask_certificate, spec, root, pieces, pieces, pieces,
                                              anonymised.hierarchies, coder, record["rows_in"] - written.records, shards_failed)
-    for name in (*CERTIFICATE_SKETCHES, WRITTEN_SIZES, "shard", "shard-classes"):
+    for name in (*CERTIFICATE_SKETCHES, WRITTEN_SIZES, "shard"):
         scratch.remove(name)
     record["checks"], failure = _once_on_cluster(
         "gate", release_gate, spec, gates, [part.checks for part in published], record["rows_in"],

@@ -84,19 +84,14 @@ def tuple_buckets(tuples: pd.DataFrame, columns: list[str], buckets: int, hashes
     return (hashes % np.uint64(buckets)).astype(np.int64)
 
 
-def write_shard_classes(scratch: Scratch, bucket: int, tuples: pd.DataFrame, class_of_tuple: np.ndarray) -> None:
-    """A shard's tuples with their classes (``shard-classes``), and each piece's share of them
-    (:func:`write_piece_classes`)."""
-    scratch.write((tuples, class_of_tuple), "shard-classes", bucket)
-    write_piece_classes(scratch, bucket, class_of_tuple)
-
-
-def write_piece_classes(scratch: Scratch, bucket: int, class_of_tuple: np.ndarray) -> None:
-    """Per piece with tuples in this bucket, the class of each (``PIECE_CLASSES``), in the order of the piece's
-    partial: read where the merge placed them (``PARTIAL_PLACES``). The distribution of a piece then reads its
-    own tuples' classes only, bucket by bucket: its work grows with the piece, where looking its records' tuples
-    up in every shard grew with the whole table's distinct tuples (pieces × shards' tuples in all)."""
-    lengths, places = scratch.read(PARTIAL_PLACES, bucket)
+def write_piece_classes(scratch: Scratch, bucket: int, class_of_tuple: np.ndarray,
+                        placed: tuple[np.ndarray, np.ndarray] | None = None) -> None:
+    """The classes of a shard's tuples (``class_of_tuple``, in the shard's order) handed to the pieces: per piece
+    with tuples in this bucket, the class of each (``PIECE_CLASSES``), in the order of the piece's partial, read
+    where the merge placed them (``placed``: ``PARTIAL_PLACES``, read here when not given). The distribution of a
+    piece then reads its own tuples' classes only, bucket by bucket: its work grows with the piece, where looking
+    its records' tuples up in every shard grew with the whole table's distinct tuples (pieces × shards' tuples)."""
+    lengths, places = scratch.read(PARTIAL_PLACES, bucket) if placed is None else placed
     ends = np.cumsum(lengths)
     for piece, (end, length) in enumerate(zip(ends.tolist(), lengths.tolist())):
         if length:
@@ -174,7 +169,7 @@ def merge_shard(scratch: Scratch, bucket: int, offsets: list[int], columns: list
 
 @dataclass
 class ShardedClasses:
-    """The anonymiser's decision when the classes of the tuples stay in the scratch (``shard-classes``)."""
+    """The anonymiser's decision when the classes of the tuples stay in the scratch (``PIECE_CLASSES``)."""
 
     report: dict
     levels: dict | None
@@ -329,15 +324,18 @@ def number_leaf(scratch: Scratch, leaf: int) -> int:
 
 
 def collect_shard(scratch: Scratch, bucket: int, leaves: list[int]) -> int:
-    """A shard's tuples with their classes (``write_shard_classes``), for the distribution of the records."""
-    shard = scratch.read("shard", bucket)
-    class_of_tuple = np.full(len(shard), -1, dtype=np.int64)
+    """A shard's classes from its leaves, handed to the pieces (:func:`write_piece_classes`) for the distribution
+    of the records. Returns the shard's tuples: every one came from some piece's partial, so the places name them
+    all, and the shard itself is not read."""
+    placed = scratch.read(PARTIAL_PLACES, bucket)
+    places = placed[1]
+    class_of_tuple = np.full(int(places.max()) + 1 if len(places) else 0, -1, dtype=np.int64)
     for leaf in leaves:
         if scratch.exists("class-of", bucket, leaf):
             positions, ids = scratch.read("class-of", bucket, leaf)
             class_of_tuple[positions] = ids
-    write_shard_classes(scratch, bucket, shard.tuples, class_of_tuple)
-    return len(shard)
+    write_piece_classes(scratch, bucket, class_of_tuple, placed)
+    return len(class_of_tuple)
 
 
 def class_report(scratch: Scratch, leaves: list[int], encoding: Encoding, rows: int, spec: ReleaseSpec, parts: int):
@@ -394,7 +392,7 @@ def ola_on_shards(scratch: Scratch, buckets: int, spec: ReleaseSpec, hierarchies
     class_of_tuple = classes.class_of_tuple
     for bucket, shard in enumerate(shards):
         at = np.searchsorted(whole.first, shard.first)  # a tuple's first record is its own
-        write_shard_classes(scratch, bucket, shard.tuples, class_of_tuple[at])
+        write_piece_classes(scratch, bucket, class_of_tuple[at])
     kept = class_of_tuple >= 0
     n = int(class_of_tuple.max()) + 1 if kept.any() else 0
     sizes = np.bincount(class_of_tuple[kept], weights=whole.weights[kept], minlength=n).astype(np.int64)

@@ -35,7 +35,7 @@ from kepsilon.flows.spec import ReleaseSpec
 from kepsilon.tasks.errors import SpecError
 from kepsilon.tasks.partitioned import certain_linking_share, class_targets
 from kepsilon.tasks.scratch import Scratch
-from kepsilon.tasks.shards import anonymise_shards, merge_shard, write_partials
+from kepsilon.tasks.shards import PARTIAL_PLACES, PIECE_CLASSES, anonymise_shards, merge_shard, write_partials
 
 from .conftest import SYNTHETIC, release_spec_dict
 
@@ -81,8 +81,21 @@ def on_shards(frame: pd.DataFrame, spec: ReleaseSpec, pieces: int, folder: Path,
     # Several shards per cut-statistics task wherever there are several (their statistics added on the worker).
     result = anonymise_shards(spec, scratch, summaries, totals, in_process, max_tuples=max_tuples,
                               statistics_tasks=max(1, pieces // 2))
-    tuples, classes = zip(*(scratch.read("shard-classes", b) for b in range(pieces)))
+    tuples, classes = zip(*(shard_classes(scratch, b) for b in range(pieces)))
     return result, pd.concat(tuples, ignore_index=True), np.concatenate(classes), scratch
+
+
+def shard_classes(scratch: Scratch, bucket: int) -> tuple[pd.DataFrame, np.ndarray]:
+    """A shard's tuples and their classes, put back together from what its step handed the pieces (the
+    distribution's input): every tuple of the shard must have reached some piece."""
+    shard = scratch.read("shard", bucket)
+    lengths, places = scratch.read(PARTIAL_PLACES, bucket)
+    classes = np.full(len(shard), -2, dtype=np.int64)  # -2: handed to no piece (-1 is a class: suppressed)
+    for piece, (end, length) in enumerate(zip(np.cumsum(lengths).tolist(), lengths.tolist())):
+        if length:
+            classes[places[end - length:end]] = scratch.read(PIECE_CLASSES, piece, bucket)
+    assert (classes != -2).all()
+    return shard.tuples, classes
 
 
 FINE = [

@@ -142,7 +142,7 @@ def test_each_piece_reads_back_its_own_tuples_classes_from_the_merged_shards(tmp
     from kepsilon.engine.histogram import tuple_histogram
     from kepsilon.tasks.partitioned import piece_classes
     from kepsilon.tasks.scratch import Scratch
-    from kepsilon.tasks.shards import PIECE_CLASSES, merge_shard, tuple_hashes, write_partials, write_shard_classes
+    from kepsilon.tasks.shards import PIECE_CLASSES, merge_shard, tuple_hashes, write_partials, write_piece_classes
 
     scratch = Scratch.new(tmp_path / "scratch")
     columns = ["ZIP", "SEX"]
@@ -168,7 +168,7 @@ def test_each_piece_reads_back_its_own_tuples_classes_from_the_merged_shards(tmp
         shard = scratch.read("shard", bucket)
         classes = np.array([expected_class[key(row)] for row in shard.tuples[columns].itertuples(index=False)],
                            dtype=np.int64)
-        write_shard_classes(scratch, bucket, shard.tuples, classes)
+        write_piece_classes(scratch, bucket, classes)
     for number, histogram in enumerate(histograms):
         got = piece_classes(scratch, number, bucket_of_tuple[number])
         assert got.tolist() == [expected_class[key(row)] for row in histogram.tuples[columns].itertuples(index=False)]
