@@ -286,3 +286,26 @@ def test_a_partitions_group_counts_are_pandas_counts_of_its_keys_and_codes():
         pd.testing.assert_frame_equal(table, expected)
     empty = GroupCounts.count(np.zeros(0, np.int64), [np.zeros(0, np.int64)])
     assert len(empty.keys) == 0 and list(empty.values[0].columns) == ["key", "code", "records"]
+
+
+@pytest.mark.parametrize("cells_per_record", [0, 8, 10**9], ids=["by-sort", "as-configured", "by-table"])
+def test_group_counts_by_a_table_of_cells_and_by_a_sort_are_the_same(monkeypatch, cells_per_record):
+    """Pairs counted in a (groups × domain) table or after a sort of their cells: the same rows, order and types,
+    whichever of the two ``PAIR_CELLS_PER_RECORD`` picks (0: always the sort; 10⁹: always the table)."""
+    import kepsilon.tasks.partitioned as partitioned
+
+    rng = np.random.default_rng(11)
+    keys = rng.integers(-2**40, 2**40, size=500)[rng.integers(0, 500, size=30_000)]
+    codes = [rng.integers(0, 2, size=len(keys)), rng.integers(0, 48, size=len(keys)), rng.integers(0, 900, size=len(keys))]
+    codes[1][codes[1] == 7] = 8  # a code no record has, inside the domain
+    monkeypatch.setattr(partitioned, "PAIR_CELLS_PER_RECORD", cells_per_record)
+    counted = GroupCounts.count(keys, codes)
+    for table, column in zip(counted.values, codes):
+        expected = (pd.DataFrame({"key": keys, "code": column}).value_counts().rename("records").reset_index()
+                    .sort_values(["key", "code"]).reset_index(drop=True))
+        pd.testing.assert_frame_equal(table, expected, check_exact=True)
+        assert table["records"].sum() == len(keys) and (table["records"] > 0).all()
+    one = GroupCounts.count(np.array([4], np.int64), [np.array([0], np.int64)])
+    assert one.values[0].to_dict("list") == {"key": [4], "code": [0], "records": [1]}
+    empty = GroupCounts.count(np.zeros(0, np.int64), [np.zeros(0, np.int64)])
+    assert len(empty.values[0]) == 0 and list(empty.values[0].dtypes) == [np.int64] * 3
