@@ -129,9 +129,25 @@ def test_the_flows_cluster_keeps_few_of_dasks_developer_messages(tmp_path, monke
             seen["workers"] = list(client.run(lambda dask_worker: dask_worker.batched_stream.recent_message_log.maxlen).values())
             seen["scheduler"] = client.run_on_scheduler(
                 lambda dask_scheduler: sorted({stream.recent_message_log.maxlen for stream in dask_scheduler.stream_comms.values()}))
+            seen["worker monitors"] = list(client.run(_monitors).values())
+            seen["scheduler monitors"] = client.run_on_scheduler(_monitors)
         return "record"
 
     monkeypatch.setattr(release_dask.governed_release_dask, "with_options", lambda **options: flow)
     assert release_dask.release_on_dask(spec) == "record"
-    assert seen == {"client": (50, 50), "workers": [50], "scheduler": [50]}
+    # Nor do its workers profile their tasks (no "profile" callbacks), and the servers tick every second and
+    # measure their process every 5 s (QUIET_MONITORS), not every 20 and 500 ms.
+    quiet = {"profile": False, "tick ms": 1000.0, "monitor ms": 5000.0}
+    assert seen == {"client": (50, 50), "workers": [50], "scheduler": [50],
+                    "worker monitors": [quiet], "scheduler monitors": {**quiet, "profile": False}}
     assert dask.config.get("distributed.admin.low-level-log-length") == 1000  # the setting is the release's only
+    assert dask.config.get("distributed.worker.profile.enabled") is True
+    assert dask.config.get("distributed.admin.tick.interval") == "20ms"
+
+
+def _monitors(dask_worker=None, dask_scheduler=None) -> dict:
+    """A Dask server's background callbacks, as ``client.run`` or ``run_on_scheduler`` finds it."""
+    server = dask_worker if dask_worker is not None else dask_scheduler
+    callbacks = server.periodic_callbacks
+    return {"profile": "profile" in callbacks or "profile-cycle" in callbacks,
+            "tick ms": callbacks["tick"].callback_time, "monitor ms": callbacks["monitor"].callback_time}
