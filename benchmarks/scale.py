@@ -45,6 +45,7 @@ import time
 from pathlib import Path
 
 import numpy as np
+import pandas as pd
 import psutil
 import yaml
 
@@ -519,6 +520,7 @@ def run_fine_case(name: str, rows: int, services: Services, source: Path) -> dic
         long_lived = services.long_lived()
         reset_peaks(long_lived.values())
         cpu_before = {role: _cpu_seconds(process) for role, process in long_lived.items()}
+        probe = speed_probe()
         load = os.getloadavg()
         started_wall, started = time.time(), time.perf_counter()
         process = psutil.Popen(
@@ -571,6 +573,7 @@ def run_fine_case(name: str, rows: int, services: Services, source: Path) -> dic
             "partitions": record.get("execution", {}).get("partitions"),
             "rows_published": record.get("rows_published"),
             "seconds": round(seconds, 1),
+            "speed_probe_cpu_s": probe,
             "load_average_before": [round(value, 2) for value in load],
             "load_average_after": [round(value, 2) for value in load_after],
             "peak_rss_mb": {role: round(mb, 1) for role, mb in peaks.items()},
@@ -595,6 +598,31 @@ def _private_record(store: Path) -> str:
     with sqlite3.connect(f"file:{store}?mode=ro", uri=True) as connection:
         row = connection.execute("SELECT manifest FROM releases WHERE outcome = 'published' ORDER BY id DESC").fetchone()
     return row[0] if row else "{}"
+
+
+def speed_probe(repeats: int = 3) -> float:
+    """CPU seconds of one fixed, single-threaded piece of work like the stages' own — a sort of 2M integers, a
+    hashed factorisation of 1M short texts, a pickle of a 200,000-row frame read back, AES-GCM over 16 MB — the
+    best of ``repeats``, taken before each case: this machine's speed moved by a quarter within half an hour, so a
+    case's figures are read beside how fast the machine was when it ran (a smaller probe: a faster machine)."""
+    import pickle
+
+    from cryptography.hazmat.primitives.ciphers.aead import AESGCM
+
+    rng = np.random.default_rng(2026)
+    integers = rng.integers(0, 2**40, size=2_000_000)
+    texts = pd.array(np.char.zfill(rng.integers(0, 3_000, size=1_000_000).astype(str), 5).astype(object), dtype="string")
+    frame = pd.DataFrame({"zip": texts[:200_000], "height": rng.normal(170, 10, size=200_000)})
+    plain, sealer = bytes(16 << 20), AESGCM(bytes(32))
+    best = float("inf")
+    for _ in range(repeats):
+        began = time.process_time()
+        np.sort(integers)
+        pd.factorize(texts)
+        pickle.loads(pickle.dumps(frame, protocol=5))
+        sealer.encrypt(bytes(12), plain, None)
+        best = min(best, time.process_time() - began)
+    return round(best, 3)
 
 
 def machine() -> dict:
@@ -700,6 +728,7 @@ def fine_report(cases: list[dict]) -> str:
         lines.append(
             f"{case['name']:<16} {case['rows']:>11,} rows {case['seconds']:>7.1f} s  tuples {case['distinct_tuples']:,} "
             f"classes {case['classes']}  load {case['load_average_before'][0]:.1f}->{case['load_average_after'][0]:.1f}  "
+            f"speed probe {case.get('speed_probe_cpu_s', float('nan')):.3f} s  "
             f"partition work {work['us_per_record_per_core_cpu']} us/record CPU ({work['us_per_record_per_core_stage_time']} "
             f"stage time, {work.get('partition_stages_cpu_us_per_record')} CPU in the partitions' own stages)  peaks MB: {peaks}"
         )
