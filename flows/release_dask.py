@@ -344,7 +344,8 @@ class DaskEngine:
 
     def read_source(self, spec: ReleaseSpec) -> SourceFacts:
         require_workers(spec.execution)
-        self.plan = plan = _once_on_cluster("plan-source", plan_source, spec.source, spec.execution.partitions)
+        self.plan = plan = _once_on_cluster("plan-source", plan_source, spec.source, spec.execution.partitions,
+                                            _cluster_threads())
         return SourceFacts(sha256=plan.sha256, columns=tuple(plan.names), size_basis=plan.memory_bytes,
                            report=plan.report())
 

@@ -19,7 +19,7 @@ from kepsilon.cli import app
 from kepsilon.flows.cluster import MINIMUM_LIMIT, PARTITION_FACTOR, WORKER_BASE_BYTES, worker_memory_limit
 from kepsilon.flows.release_dask import CLOSED_HTTP, dask_task_runner
 from kepsilon.flows.spec import Execution, SourceSpec
-from kepsilon.tasks.sources import partition_memory_estimate
+from kepsilon.tasks.sources import default_pieces, partition_memory_estimate, plan_source
 
 ROOT = Path(__file__).resolve().parents[1]
 
@@ -71,6 +71,29 @@ def test_the_memory_limit_is_the_fixed_part_plus_a_multiple_of_the_partitions_ar
     # a source that cannot be read sizes nothing: the floor, and the plan refuses it by name later
     assert partition_memory_estimate(SourceSpec(path=str(tmp_path / "missing.parquet")), None) == 0
     assert worker_memory_limit(Execution(engine="dask"), SourceSpec(path=str(tmp_path / "missing.parquet"))) == MINIMUM_LIMIT
+
+
+@pytest.mark.parametrize(("records", "threads", "pieces"), [
+    (30_000_000, 2, 30),  # a million records a piece
+    (10_000_000, 14, 14),  # as many as the cluster's threads, 714,286 records each
+    (1_000_000, 2, 2),  # one piece would leave a thread idle: two of 500,000
+    (1_000_000, 8, 4),  # but none under 250,000 records
+    (400_000, 2, 1),
+    (1_000_001, 1, 2),
+    (0, 4, 1),
+])
+def test_a_parquet_sources_default_pieces_hold_a_million_records_and_give_every_thread_one(records, threads, pieces):
+    assert default_pieces(records, threads) == pieces
+
+
+def test_the_plan_cuts_a_parquet_source_for_the_clusters_threads_unless_partitions_are_given(tmp_path):
+    source = SourceSpec(path=str(_dataset(tmp_path / "data", 600_000)))
+    assert len(plan_source(source, None).pieces) == 1
+    assert [piece.start_row for piece in plan_source(source, None, threads=2).pieces] == [0, 300_000]
+    assert len(plan_source(source, None, threads=4).pieces) == 2  # 250,000 records a piece at the least
+    assert len(plan_source(source, 5, threads=2).pieces) == 5  # execution.partitions decides
+    # The workers' memory is sized for the largest default piece (threads unknown before the cluster starts).
+    assert partition_memory_estimate(source, None) == partition_memory_estimate(source, 1)
 
 
 def test_a_csv_partition_is_estimated_from_its_bytes(tmp_path):
