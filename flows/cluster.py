@@ -25,7 +25,8 @@ from kepsilon.tasks.sources import partition_memory_estimate
 # Measured on the fine-grained benchmark (benchmarks/scale.py --fine, docs/performance.md): a worker peaks at
 # 0.47 GB over a 10,000-record release (Python, pandas, pyarrow, Prefect, distributed, one tiny partition) and
 # at 0.71-0.74 GB over 500,000-record partitions of about 46 MB in Arrow: some 6 times the partition above the
-# fixed part (the partition, its classified copy, what a stage writes). The base is rounded up for headroom.
+# fixed part (the partition, its classified copy, what a stage writes). The base is rounded up for headroom. In the
+# default million-record pieces (2026-12-04) a 30M-row release's workers peaked at 0.86-0.87 GB, under the floor.
 WORKER_BASE_BYTES = 600 << 20
 PARTITION_FACTOR = 6
 MINIMUM_LIMIT = 3 << 29  # 1.5 GiB: twice the measured peak at the default partition size
