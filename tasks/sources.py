@@ -51,7 +51,7 @@ CSV_PIECE_BYTES = 64 << 20  # default piece of a CSV: 64 MiB (about 550,000 reco
 # so the files grow with the square of the pieces: a 30M-row fine release in 500,000-record pieces (60) spent 7.62 us
 # of worker CPU per record, in 1,000,000-record pieces (30) 5.93 us, its workers peaking at 660-699 and 862-868 MB
 # (docs/performance.md). A table that fills fewer pieces than the cluster has threads is cut finer, down to
-# SMALLEST_PARQUET_PIECE_ROWS a piece, so that every thread has one (``default_pieces``).
+# SMALLEST_PARQUET_PIECE_ROWS a piece, so that every thread has one (``parquet_pieces``).
 PARQUET_PIECE_ROWS = 1_000_000
 SMALLEST_PARQUET_PIECE_ROWS = 250_000
 _BLOCK = 8 << 20  # bytes read at a time by the plan
@@ -90,17 +90,19 @@ class SourcePlan:
 
 def plan_source(source: SourceSpec, partitions: int | None, threads: int = 1) -> SourcePlan:
     """The plan of the source named by the spec, in ``partitions`` pieces (default: by size; for Parquet, at
-    least ``threads`` pieces where the table has records enough, ``default_pieces``)."""
+    least ``threads`` pieces where the table has records enough, ``parquet_pieces``)."""
     if source.resolved_format() is SourceFormat.parquet:
         return _plan_parquet(source, partitions, threads)
     return _plan_csv(source, partitions)
 
 
-def default_pieces(records: int, threads: int = 1) -> int:
-    """How many pieces a Parquet source of ``records`` records is cut into by default: one per
-    ``PARQUET_PIECE_ROWS`` records, but as many as the cluster's ``threads`` where each piece still holds
-    ``SMALLEST_PARQUET_PIECE_ROWS`` records; never more pieces than records, never none."""
-    wanted = max(math.ceil(records / PARQUET_PIECE_ROWS), min(max(threads, 1), records // SMALLEST_PARQUET_PIECE_ROWS))
+def parquet_pieces(records: int, partitions: int | None = None, threads: int = 1) -> int:
+    """How many pieces a Parquet source of ``records`` records is cut into: ``partitions`` where the spec gives
+    them, else one per ``PARQUET_PIECE_ROWS`` records, but as many as the cluster's ``threads`` where each piece
+    still holds ``SMALLEST_PARQUET_PIECE_ROWS`` records; never more pieces than records, never none. The plan
+    and the workers' memory estimate both count them here."""
+    wanted = partitions or max(math.ceil(records / PARQUET_PIECE_ROWS),
+                               min(max(threads, 1), records // SMALLEST_PARQUET_PIECE_ROWS))
     return min(max(wanted, 1), max(records, 1))
 
 
@@ -200,7 +202,7 @@ def _plan_parquet(source: SourceSpec, partitions: int | None, threads: int = 1) 
     names = tuple(str(c) for c in arrow_frame(schemas[0].empty_table()).columns)
     rows = [meta.num_rows for meta in metadata]
     total = sum(rows)
-    wanted = min(partitions, max(total, 1)) if partitions else default_pieces(total, threads)
+    wanted = parquet_pieces(total, partitions, threads)
     cuts = [total * number // wanted for number in range(wanted + 1)]
     file_starts = np.cumsum([0, *rows])
     pieces = tuple(
@@ -293,7 +295,7 @@ def partition_memory_estimate(source: SourceSpec, partitions: int | None) -> int
             first = next(pq.ParquetFile(files[0]).iter_batches(batch_size=_SAMPLE_ROWS), None)
             if first is None or first.num_rows == 0:
                 return 0
-            pieces = min(partitions, total) if partitions else default_pieces(total)  # the largest default pieces
+            pieces = parquet_pieces(total, partitions)  # threads unknown here: the largest default pieces
             return int(first.nbytes / first.num_rows * math.ceil(total / pieces))
         size = path.stat().st_size
         pieces = partitions or max(1, math.ceil(size / CSV_PIECE_BYTES))

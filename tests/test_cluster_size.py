@@ -19,7 +19,7 @@ from kepsilon.cli import app
 from kepsilon.flows.cluster import MINIMUM_LIMIT, PARTITION_FACTOR, WORKER_BASE_BYTES, worker_memory_limit
 from kepsilon.flows.release_dask import CLOSED_HTTP, dask_task_runner
 from kepsilon.flows.spec import Execution, SourceSpec
-from kepsilon.tasks.sources import default_pieces, partition_memory_estimate, plan_source
+from kepsilon.tasks.sources import parquet_pieces, partition_memory_estimate, plan_source
 
 ROOT = Path(__file__).resolve().parents[1]
 
@@ -83,7 +83,8 @@ def test_the_memory_limit_is_the_fixed_part_plus_a_multiple_of_the_partitions_ar
     (0, 4, 1),
 ])
 def test_a_parquet_sources_default_pieces_hold_a_million_records_and_give_every_thread_one(records, threads, pieces):
-    assert default_pieces(records, threads) == pieces
+    assert parquet_pieces(records, threads=threads) == pieces
+    assert parquet_pieces(records, 3, threads) == min(3, max(records, 1))  # execution.partitions decides
 
 
 def test_the_plan_cuts_a_parquet_source_for_the_clusters_threads_unless_partitions_are_given(tmp_path):
@@ -162,7 +163,7 @@ def test_the_flows_cluster_keeps_few_of_dasks_developer_messages(tmp_path, monke
     # measure their process every 5 s (QUIET_MONITORS), not every 20 and 500 ms.
     quiet = {"profile": False, "tick ms": 1000.0, "monitor ms": 5000.0}
     assert seen == {"client": (50, 50), "workers": [50], "scheduler": [50],
-                    "worker monitors": [quiet], "scheduler monitors": {**quiet, "profile": False}}
+                    "worker monitors": [quiet], "scheduler monitors": quiet}
     assert dask.config.get("distributed.admin.low-level-log-length") == 1000  # the setting is the release's only
     assert dask.config.get("distributed.worker.profile.enabled") is True
     assert dask.config.get("distributed.admin.tick.interval") == "20ms"
